@@ -1,0 +1,59 @@
+"""``kv-size``: bytes per token and what a KV budget holds (chapter 01)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from course_lib.commands import add_json_flag, emit, format_table
+from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, bytes_per_token, capacity
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model-shape options shared by every command that sizes a KV cache."""
+    guide = MODELS["guide-8kv"]
+    parser.add_argument("--layers", type=int, default=guide.layers, help="decoder layers")
+    parser.add_argument("--kv-heads", type=int, default=guide.kv_heads, help="key/value heads")
+    parser.add_argument("--head-dim", type=int, default=guide.head_dim, help="head size")
+    parser.add_argument("--dtype", default="fp16", help=f"cache dtype: {', '.join(DTYPE_BYTES)}")
+
+
+def per_token_bytes_from(args: argparse.Namespace) -> int:
+    """Bytes per token for the model shape given on the command line."""
+    return bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.dtype)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``kv-size`` parser."""
+    parser = subparsers.add_parser(
+        "kv-size", help="KV bytes per token and the capacity of a budget",
+        description="Bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes; "
+        "then budget -> blocks -> tokens -> requests at a maximum length.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--budget-gib", type=float, default=60.0, help="KV budget in GiB")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    parser.add_argument("--max-len", type=int, default=8192, help="maximum tokens per request")
+    add_json_flag(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute and print the capacity table."""
+    result = capacity(
+        per_token_bytes_from(args), args.budget_gib * GIB, args.block_size, args.max_len
+    ).as_dict()
+    return emit(result, args.json, _render)
+
+
+def _render(result: Mapping[str, Any]) -> str:
+    per_token = result["bytes_per_token"]
+    return format_table([
+        ("bytes per token", f"{per_token:,} B ({per_token / 1024:g} KiB)"),
+        ("KV budget", f"{result['budget_bytes'] / GIB:g} GiB"),
+        ("blocks", f"{result['blocks']:,} of {result['block_size']} tokens"),
+        ("tokens", f"{result['tokens']:,}"),
+        (f"max requests at {result['max_len']:,} tokens", f"{result['max_requests']:,}"),
+        ("max concurrency", f"{result['max_concurrency']:.2f}x"),
+    ])

@@ -1,0 +1,197 @@
+"""Run one exercise's behavioural cases against a learner's function or class.
+
+``check(name, obj)`` never raises because of the learner's code: every case runs inside a
+guard, and the report says what was called, what came back, what was expected and a hint.
+The result also goes into the cell output under ``CHECK_MIME`` as JSON, which is what the
+instructor's grading command reads back from an executed notebook.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+CHECK_MIME = "application/vnd.course-lib.check+json"
+"""MIME type of the machine-readable check result stored in a notebook's outputs."""
+
+Status = Literal["passed", "failed", "not-solved"]
+
+
+@dataclass(frozen=True)
+class Raises:
+    """Expected outcome of a case that must raise ``error`` (e.g. ``Raises(ValueError)``)."""
+
+    error: type[BaseException]
+
+    def __repr__(self) -> str:
+        return f"raises {self.error.__name__}"
+
+
+def approx_equal(got: Any, expected: Any, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
+    """Equality that tolerates float rounding, element-wise through tuples and lists."""
+    if isinstance(expected, float) or isinstance(got, float):
+        try:
+            return math.isclose(float(got), float(expected), rel_tol=rel, abs_tol=abs_)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(expected, tuple | list) and isinstance(got, tuple | list):
+        return len(got) == len(expected) and all(
+            approx_equal(g, e, rel, abs_) for g, e in zip(got, expected, strict=True)
+        )
+    return bool(got == expected)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One behavioural test: ``run(obj)`` calls the learner's code as ``call`` describes."""
+
+    call: str
+    run: Callable[[Any], Any]
+    expected: Any
+    hint: str
+    compare: Callable[[Any, Any], bool] = approx_equal
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A graded exercise: a stable name, a title, and a factory for its cases."""
+
+    name: str
+    title: str
+    cases: Callable[[], Sequence[Case]]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """What one case did: passed or not, and the evidence for the report."""
+
+    call: str
+    passed: bool
+    got: str
+    expected: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of ``check``: counts, a status and every case's evidence."""
+
+    exercise: str
+    title: str
+    status: Status
+    passed: int
+    total: int
+    cases: tuple[CaseResult, ...] = field(default_factory=tuple)
+
+    @property
+    def score(self) -> float:
+        """Share of cases passed, 0.0 to 1.0 (0.0 while not yet solved)."""
+        return self.passed / self.total if self.total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable form stored under ``CHECK_MIME``."""
+        return asdict(self) | {"score": self.score}
+
+    def report_text(self) -> str:
+        """The compact plain-text report."""
+        head = {
+            "passed": f"PASSED {self.exercise}: {self.title} ({self.passed}/{self.total} cases)",
+            "failed": f"FAILED {self.exercise}: {self.title} ({self.passed}/{self.total} cases)",
+            "not-solved": f"NOT YET SOLVED {self.exercise}: {self.title} "
+            f"(fill in the cell marked YOUR CODE HERE, then run it and this check again)",
+        }[self.status]
+        lines = [head]
+        if self.status == "failed":
+            for case in self.cases:
+                mark = "ok  " if case.passed else "FAIL"
+                lines.append(f"  {mark} {case.call}")
+                if not case.passed:
+                    lines.append(f"         got      {case.got}")
+                    lines.append(f"         expected {case.expected}")
+                    lines.append(f"         hint     {case.hint}")
+        return "\n".join(lines)
+
+    def report_html(self) -> str:
+        """The same report as a small styled block for Jupyter."""
+        colour = {"passed": "#1a7f37", "failed": "#cf222e", "not-solved": "#9a6700"}[self.status]
+        body = html.escape(self.report_text())
+        return (
+            f'<pre class="course-check" data-status="{self.status}" '
+            f'style="border-left:4px solid {colour};padding:6px 10px;'
+            f'background:#f6f8fa;white-space:pre-wrap">{body}</pre>'
+        )
+
+    def _ipython_display_(self) -> None:
+        """Show nothing when returned from a cell: ``check`` has already shown the report."""
+
+    def mimebundle(self) -> dict[str, Any]:
+        """Text, HTML and the machine-readable JSON, for ``IPython.display``."""
+        return {
+            "text/plain": self.report_text(),
+            "text/html": self.report_html(),
+            CHECK_MIME: self.to_json(),
+        }
+
+
+def _describe(value: Any) -> str:
+    """A short, deterministic description of a value for the report."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _describe_error(error: BaseException) -> str:
+    """``raised TypeError: message`` plus the line of learner code that raised it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
+    return f"raised {type(error).__name__}: {error}{where}"
+
+
+def run_case(case: Case, obj: Any) -> CaseResult:
+    """Run one case; a learner's exception is evidence, never a crash."""
+    expected = case.expected
+    try:
+        got = case.run(obj)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # the learner's code may raise anything
+        passed = isinstance(expected, Raises) and isinstance(error, expected.error)
+        return CaseResult(case.call, passed, _describe_error(error), _describe(expected), case.hint)
+    if isinstance(expected, Raises):
+        return CaseResult(case.call, False, _describe(got), _describe(expected), case.hint)
+    try:
+        passed = bool(case.compare(got, expected))
+    except Exception as error:  # a comparison on a malformed result
+        passed, got = False, f"{got!r} ({_describe_error(error)})"
+    return CaseResult(case.call, passed, _describe(got), _describe(expected), case.hint)
+
+
+def evaluate(exercise: Exercise, obj: Any) -> CheckResult:
+    """Run every case of ``exercise`` against ``obj`` and collect a result."""
+    cases = list(exercise.cases())
+    results: list[CaseResult] = []
+    for case in cases:
+        try:
+            results.append(run_case(case, obj))
+        except NotImplementedError:
+            return CheckResult(exercise.name, exercise.title, "not-solved", 0, len(cases))
+    passed = sum(r.passed for r in results)
+    status: Status = "passed" if passed == len(cases) else "failed"
+    return CheckResult(exercise.name, exercise.title, status, passed, len(cases), tuple(results))
+
+
+def publish(result: CheckResult) -> None:
+    """Show the report in a notebook (with the JSON bundle) or print it elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(result.mimebundle(), raw=True)
+    else:
+        print(result.report_text())

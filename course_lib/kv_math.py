@@ -1,0 +1,253 @@
+"""KV-cache arithmetic: bytes per token, model shapes, and what a memory budget holds.
+
+Every number in chapter 01 comes from here. The one formula is
+
+    bytes per token = 2 x layers x kv_heads x head_dim x dtype_bytes
+
+where the 2 counts one key and one value vector per layer. Grouped-query attention (GQA)
+shrinks ``kv_heads`` below the number of query heads, and with it the cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 2**30
+"""One gibibyte, 1,073,741,824 bytes (the source guide's unit, and vLLM's log unit)."""
+
+DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+"""Bytes per stored number for the cache dtypes a serving engine offers."""
+
+
+def _require_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int (bools excluded), else raise naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _require_positive_number(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a finite number above zero, else raise naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per number for a cache dtype name such as ``"fp16"``; unknown names raise."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except (KeyError, TypeError):
+        known = ", ".join(DTYPE_BYTES)
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {known}") from None
+
+
+def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str = "fp16") -> int:
+    """KV-cache bytes one token occupies across all layers: 2 x L x H_kv x D x bytes."""
+    _require_positive_int("layers", layers)
+    _require_positive_int("kv_heads", kv_heads)
+    _require_positive_int("head_dim", head_dim)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes(dtype)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a decoder's shape that size its KV cache, and where they come from."""
+
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    source: str
+
+    def __post_init__(self) -> None:
+        for field_name in ("layers", "q_heads", "kv_heads", "head_dim"):
+            _require_positive_int(field_name, getattr(self, field_name))
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"q_heads={self.q_heads} is not a multiple of kv_heads={self.kv_heads}"
+            )
+
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one KV head (1 = multi-head attention, q_heads = MQA)."""
+        return self.q_heads // self.kv_heads
+
+    def bytes_per_token(self, dtype: str = "fp16") -> int:
+        """KV bytes per token for this model with the cache stored as ``dtype``."""
+        return bytes_per_token(self.layers, self.kv_heads, self.head_dim, dtype)
+
+
+MODELS: dict[str, ModelShape] = {
+    shape.name: shape
+    for shape in (
+        ModelShape(
+            "guide-8kv", layers=32, q_heads=32, kv_heads=8, head_dim=128,
+            source="the source guide's made-up support-chat model",
+        ),
+        ModelShape(
+            "opt-13b", layers=40, q_heads=40, kv_heads=40, head_dim=128,
+            source="OPT-13B (hidden 5,120 = 40 heads x 128), the vLLM paper's example",
+        ),
+        ModelShape(
+            "llama-2-7b", layers=32, q_heads=32, kv_heads=32, head_dim=128,
+            source="meta-llama/Llama-2-7b-hf config.json (no GQA)",
+        ),
+        ModelShape(
+            "llama-3-8b", layers=32, q_heads=32, kv_heads=8, head_dim=128,
+            source="meta-llama/Meta-Llama-3-8B config.json",
+        ),
+        ModelShape(
+            "mistral-7b", layers=32, q_heads=32, kv_heads=8, head_dim=128,
+            source="mistralai/Mistral-7B-v0.1 config.json",
+        ),
+        ModelShape(
+            "qwen2.5-7b", layers=28, q_heads=28, kv_heads=4, head_dim=128,
+            source="Qwen/Qwen2.5-7B config.json (hidden 3,584 = 28 heads x 128)",
+        ),
+        ModelShape(
+            "llama-3-70b", layers=80, q_heads=64, kv_heads=8, head_dim=128,
+            source="meta-llama/Meta-Llama-3-70B config.json",
+        ),
+        ModelShape(
+            "smollm2-135m", layers=30, q_heads=9, kv_heads=3, head_dim=64,
+            source="HuggingFaceTB/SmolLM2-135M config.json (hidden 576 = 9 heads x 64)",
+        ),
+    )
+}
+"""Model presets by name. Shapes are read from each model's published config.json."""
+
+
+def model_shape(name: str) -> ModelShape:
+    """Look up a preset by name; unknown names raise and list the known ones."""
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}") from None
+
+
+def blocks_for_tokens(tokens: int, block_size: int) -> int:
+    """Blocks a sequence of ``tokens`` tokens occupies: ceil(tokens / block_size)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a non-negative integer, got {tokens!r}")
+    _require_positive_int("block_size", block_size)
+    return -(-tokens // block_size)
+
+
+def paged_utilization(tokens: int, block_size: int) -> float:
+    """U_paged = L / (ceil(L/B) x B): the share of a sequence's slots holding real tokens."""
+    _require_positive_int("tokens", tokens)
+    return tokens / (blocks_for_tokens(tokens, block_size) * block_size)
+
+
+def contiguous_utilization(tokens: int, max_len: int) -> float:
+    """U_contig = L / L_max: the share of a max-length reservation holding real tokens."""
+    _require_positive_int("tokens", tokens)
+    _require_positive_int("max_len", max_len)
+    if tokens > max_len:
+        raise ValueError(f"tokens={tokens} exceeds max_len={max_len}")
+    return tokens / max_len
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a KV budget holds for one model shape, block size and maximum request length."""
+
+    bytes_per_token: int
+    budget_bytes: int
+    block_size: int
+    max_len: int
+    blocks: int
+    tokens: int
+    max_requests: int
+    max_concurrency: float
+
+    def as_dict(self) -> dict[str, int | float]:
+        """Plain fields for JSON output and tables."""
+        return {
+            "bytes_per_token": self.bytes_per_token,
+            "budget_bytes": self.budget_bytes,
+            "block_size": self.block_size,
+            "max_len": self.max_len,
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "max_requests": self.max_requests,
+            "max_concurrency": self.max_concurrency,
+        }
+
+
+def capacity(
+    per_token_bytes: int, budget_bytes: int | float, block_size: int = 16, max_len: int = 8192
+) -> Capacity:
+    """Budget -> whole blocks -> tokens -> requests that fit when each may reach ``max_len``.
+
+    ``blocks`` counts whole blocks (a partial block is useless); ``max_requests`` is how many
+    requests fit if each one reserves room for ``max_len`` tokens in whole blocks, and
+    ``max_concurrency`` is the same ratio unrounded, which is what vLLM logs as
+    "Maximum concurrency for M tokens per request: Yx".
+    """
+    _require_positive_int("bytes_per_token", per_token_bytes)
+    budget = _require_positive_number("budget_bytes", budget_bytes)
+    _require_positive_int("max_len", max_len)
+    blocks = int(budget // (per_token_bytes * _require_positive_int("block_size", block_size)))
+    blocks_per_request = blocks_for_tokens(max_len, block_size)
+    return Capacity(
+        bytes_per_token=per_token_bytes,
+        budget_bytes=int(budget),
+        block_size=block_size,
+        max_len=max_len,
+        blocks=blocks,
+        tokens=blocks * block_size,
+        max_requests=blocks // blocks_per_request,
+        max_concurrency=blocks / blocks_per_request,
+    )
+
+
+def concurrent_requests(
+    per_token_bytes: int, budget_bytes: int | float, tokens_per_request: int,
+    block_size: int | None = None,
+) -> int:
+    """Requests of ``tokens_per_request`` tokens that fit in the budget at once.
+
+    With ``block_size=None`` each request holds exactly its tokens (a contiguous slab of
+    that size); with a block size it holds whole blocks, ceil(L/B) x B slots.
+    """
+    _require_positive_int("bytes_per_token", per_token_bytes)
+    budget = _require_positive_number("budget_bytes", budget_bytes)
+    _require_positive_int("tokens_per_request", tokens_per_request)
+    slots = (
+        tokens_per_request
+        if block_size is None
+        else blocks_for_tokens(tokens_per_request, block_size) * block_size
+    )
+    return int(budget // (slots * per_token_bytes))
+
+
+def vllm_kv_log_lines(
+    available_gib: float, shape: ModelShape, dtype: str = "fp16",
+    block_size: int = 16, max_len: int = 8192,
+) -> list[str]:
+    """The KV lines a single-GPU vLLM (v1 engine) startup log shows for these settings.
+
+    vLLM divides the available bytes into whole blocks of ``block_size`` tokens across all
+    layers, logs the tokens those blocks hold, and logs how many ``max_len``-token requests
+    fit at once. The log prints the budget rounded to 0.01 GiB, so a prediction from the
+    printed number can differ from the real log by a block or so.
+    """
+    cap = capacity(shape.bytes_per_token(dtype), available_gib * GIB, block_size, max_len)
+    return [
+        f"Available KV cache memory: {available_gib:.2f} GiB",
+        f"GPU KV cache size: {cap.tokens:,} tokens",
+        f"Maximum concurrency for {max_len:,} tokens per request: {cap.max_concurrency:.2f}x",
+    ]

@@ -1,0 +1,86 @@
+"""The notebook pipeline: normal form, generated exercises, and unsolved notebooks that run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from course_lib.grading import CHECK_MIME, chapter_exercises
+from tools import notebooks as pipeline
+
+ROOT = pipeline.ROOT
+ALL = sorted(p for f in pipeline.FOLDERS for p in (ROOT / f).glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def test_nothing_is_stale() -> None:
+    assert pipeline.stale_files() == []
+
+
+def test_exercises_mirror_solutions() -> None:
+    assert [p.name for p in EXERCISES] == sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_header_kernelspec_and_metadata(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3"
+    assert set(nb.metadata) <= {"kernelspec", "language_info", "course_lib"}
+    badge, install = nb.cells[0], nb.cells[1]
+    assert badge.cell_type == "markdown" and "colab.research.google.com/github/" in badge.source
+    assert f"/blob/main/{path.parent.name}/{path.name}" in badge.source
+    assert install.cell_type == "code" and '"google.colab" in sys.modules' in install.source
+    assert not install.get("outputs")
+
+
+def test_stub_replaces_region_and_keeps_indentation() -> None:
+    source = "def f(x):\n    ### BEGIN SOLUTION: double it\n    return 2 * x\n    ### END SOLUTION\n"
+    stubbed, replaced = pipeline.stub_source(source, "fallback")
+    assert replaced
+    assert stubbed == (
+        "def f(x):\n    # YOUR CODE HERE: double it\n    raise NotImplementedError(\"double it\")"
+    )
+    with pytest.raises(ValueError, match="without"):
+        pipeline.stub_source("### BEGIN SOLUTION\nx = 1\n", "p")
+
+
+def test_no_solution_code_leaks_into_exercises() -> None:
+    for path in EXERCISES:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            assert "BEGIN SOLUTION" not in cell.source and "END SOLUTION" not in cell.source
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None
+
+
+def test_generator_keeps_a_learners_changes_unless_forced(tmp_path: Path) -> None:
+    (tmp_path / "solutions").mkdir()
+    name = "01_kv_cache_arithmetic.ipynb"
+    (tmp_path / "solutions" / name).write_text((ROOT / "solutions" / name).read_text())
+    assert pipeline.generate_exercises(root=tmp_path) == [f"wrote exercises/{name}"]
+    target = tmp_path / "exercises" / name
+    nb = nbformat.read(target, as_version=4)
+    nb.cells[-1].source += "\n# my own note"
+    nbformat.write(nb, target)
+    edited = target.read_text()
+    assert "you changed it" in pipeline.generate_exercises(root=tmp_path)[0]
+    assert target.read_text() == edited
+    assert pipeline.generate_exercises(root=tmp_path, force=True) == [f"wrote exercises/{name}"]
+    assert "# my own note" not in target.read_text()
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
+def test_unsolved_exercise_runs_and_reports_not_yet_solved(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    statuses = {
+        out["data"][CHECK_MIME]["exercise"]: out["data"][CHECK_MIME]["status"]
+        for cell in nb.cells if cell.cell_type == "code"
+        for out in cell.outputs if CHECK_MIME in out.get("data", {})
+    }
+    expected = {e.name for e in chapter_exercises(path.name[:2])}
+    assert statuses == dict.fromkeys(expected, "not-solved")
