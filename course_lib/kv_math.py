@@ -10,8 +10,9 @@ shrinks ``kv_heads`` below the number of query heads, and with it the cache.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from course_lib.validate import check_int, check_positive_number
 
 GIB = 2**30
 """One gibibyte, 1,073,741,824 bytes (the source guide's unit, and vLLM's log unit)."""
@@ -27,22 +28,6 @@ DTYPE_BYTES: dict[str, int] = {
 """Bytes per stored number for the cache dtypes a serving engine offers."""
 
 
-def _require_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int (bools excluded), else raise naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _require_positive_number(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a finite number above zero, else raise naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def dtype_bytes(dtype: str) -> int:
     """Bytes per number for a cache dtype name such as ``"fp16"``; unknown names raise."""
     try:
@@ -54,9 +39,9 @@ def dtype_bytes(dtype: str) -> int:
 
 def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str = "fp16") -> int:
     """KV-cache bytes one token occupies across all layers: 2 x L x H_kv x D x bytes."""
-    _require_positive_int("layers", layers)
-    _require_positive_int("kv_heads", kv_heads)
-    _require_positive_int("head_dim", head_dim)
+    check_int("layers", layers, 1)
+    check_int("kv_heads", kv_heads, 1)
+    check_int("head_dim", head_dim, 1)
     return 2 * layers * kv_heads * head_dim * dtype_bytes(dtype)
 
 
@@ -73,7 +58,7 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         for field_name in ("layers", "q_heads", "kv_heads", "head_dim"):
-            _require_positive_int(field_name, getattr(self, field_name))
+            check_int(field_name, getattr(self, field_name), 1)
         if self.q_heads % self.kv_heads:
             raise ValueError(
                 f"q_heads={self.q_heads} is not a multiple of kv_heads={self.kv_heads}"
@@ -137,24 +122,23 @@ def model_shape(name: str) -> ModelShape:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}") from None
 
 
-def blocks_for_tokens(tokens: int, block_size: int) -> int:
-    """Blocks a sequence of ``tokens`` tokens occupies: ceil(tokens / block_size)."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ValueError(f"tokens must be a non-negative integer, got {tokens!r}")
-    _require_positive_int("block_size", block_size)
-    return -(-tokens // block_size)
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
+    check_int("num_tokens", num_tokens, 0)
+    check_int("block_size", block_size, 1)
+    return -(-num_tokens // block_size)
 
 
-def paged_utilization(tokens: int, block_size: int) -> float:
-    """U_paged = L / (ceil(L/B) x B): the share of a sequence's slots holding real tokens."""
-    _require_positive_int("tokens", tokens)
-    return tokens / (blocks_for_tokens(tokens, block_size) * block_size)
+def paged_utilization(num_tokens: int, block_size: int) -> float:
+    """U_paged = L / (ceil(L / B) * B): the share of one sequence's slots holding tokens."""
+    check_int("num_tokens", num_tokens, 1)
+    return num_tokens / (blocks_needed(num_tokens, block_size) * block_size)
 
 
 def contiguous_utilization(tokens: int, max_len: int) -> float:
     """U_contig = L / L_max: the share of a max-length reservation holding real tokens."""
-    _require_positive_int("tokens", tokens)
-    _require_positive_int("max_len", max_len)
+    check_int("tokens", tokens, 1)
+    check_int("max_len", max_len, 1)
     if tokens > max_len:
         raise ValueError(f"tokens={tokens} exceeds max_len={max_len}")
     return tokens / max_len
@@ -197,11 +181,11 @@ def capacity(
     ``max_concurrency`` is the same ratio unrounded, which is what vLLM logs as
     "Maximum concurrency for M tokens per request: Yx".
     """
-    _require_positive_int("bytes_per_token", per_token_bytes)
-    budget = _require_positive_number("budget_bytes", budget_bytes)
-    _require_positive_int("max_len", max_len)
-    blocks = int(budget // (per_token_bytes * _require_positive_int("block_size", block_size)))
-    blocks_per_request = blocks_for_tokens(max_len, block_size)
+    check_int("bytes_per_token", per_token_bytes, 1)
+    budget = check_positive_number("budget_bytes", budget_bytes)
+    check_int("max_len", max_len, 1)
+    blocks = int(budget // (per_token_bytes * check_int("block_size", block_size, 1)))
+    blocks_per_request = blocks_needed(max_len, block_size)
     return Capacity(
         bytes_per_token=per_token_bytes,
         budget_bytes=int(budget),
@@ -223,13 +207,13 @@ def concurrent_requests(
     With ``block_size=None`` each request holds exactly its tokens (a contiguous slab of
     that size); with a block size it holds whole blocks, ceil(L/B) x B slots.
     """
-    _require_positive_int("bytes_per_token", per_token_bytes)
-    budget = _require_positive_number("budget_bytes", budget_bytes)
-    _require_positive_int("tokens_per_request", tokens_per_request)
+    check_int("bytes_per_token", per_token_bytes, 1)
+    budget = check_positive_number("budget_bytes", budget_bytes)
+    check_int("tokens_per_request", tokens_per_request, 1)
     slots = (
         tokens_per_request
         if block_size is None
-        else blocks_for_tokens(tokens_per_request, block_size) * block_size
+        else blocks_needed(tokens_per_request, block_size) * block_size
     )
     return int(budget // (slots * per_token_bytes))
 

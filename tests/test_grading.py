@@ -73,7 +73,7 @@ def test_mime_bundle_is_machine_readable() -> None:
 
 
 def test_unknown_exercise_and_chapter_raise_clearly() -> None:
-    with pytest.raises(ValueError, match="01.nope"):
+    with pytest.raises(ValueError, match=r"01\.nope"):
         find_exercise("01.nope")
     with pytest.raises(ValueError, match="'99'"):
         chapter_exercises("99")
@@ -93,7 +93,8 @@ def _hanging_copy(source: Path, target: Path) -> None:
     """A solution notebook whose last exercise hangs before its check."""
     nb = nbformat.read(source, as_version=4)
     last_check = max(i for i, c in enumerate(nb.cells) if 'check("' in c.source)
-    nb.cells.insert(last_check, nbformat.v4.new_code_cell("import time\nwhile True:\n    time.sleep(1)"))
+    hang = nbformat.v4.new_code_cell("import time\nwhile True:\n    time.sleep(1)")
+    nb.cells.insert(last_check, hang)
     nbformat.write(nb, target)
 
 

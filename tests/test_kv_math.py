@@ -31,7 +31,7 @@ def test_fourteen_gib_example_about_8_vs_71() -> None:
 
 
 def test_900_token_chat_blocks_and_utilisation() -> None:
-    assert kv_math.blocks_for_tokens(900, 16) == 57
+    assert kv_math.blocks_needed(900, 16) == 57
     assert kv_math.paged_utilization(900, 16) == pytest.approx(900 / 912)
     assert kv_math.contiguous_utilization(512, 2048) == 0.25
     assert kv_math.contiguous_utilization(128, 2048) == 0.0625
@@ -68,7 +68,7 @@ def test_vllm_log_lines_agree_with_capacity() -> None:
         (lambda: kv_math.capacity(131072, float("nan")), "budget_bytes"),
         (lambda: kv_math.capacity(131072, GIB, block_size=0), "block_size"),
         (lambda: kv_math.capacity(131072, GIB, max_len=-5), "max_len"),
-        (lambda: kv_math.blocks_for_tokens(-1, 16), "tokens"),
+        (lambda: kv_math.blocks_needed(-1, 16), "tokens"),
         (lambda: kv_math.contiguous_utilization(3000, 2048), "3000"),
         (lambda: kv_math.model_shape("gpt-5"), "gpt-5"),
         (lambda: kv_math.ModelShape("x", 2, 6, 4, 64, "test"), "kv_heads=4"),
@@ -91,13 +91,13 @@ def test_capacity_uses_whole_blocks_and_never_overfills(per_token, budget, block
     block_bytes = per_token * block
     assert cap.blocks * block_bytes <= budget < (cap.blocks + 1) * block_bytes
     assert cap.tokens == cap.blocks * block
-    per_request = kv_math.blocks_for_tokens(max_len, block)
+    per_request = kv_math.blocks_needed(max_len, block)
     assert cap.max_requests * per_request <= cap.blocks < (cap.max_requests + 1) * per_request
     assert cap.max_concurrency == pytest.approx(cap.blocks / per_request)
 
 
 @given(tokens=st.integers(1, 10**6), block=st.integers(1, 4096))
 def test_paged_waste_is_below_one_block(tokens: int, block: int) -> None:
-    slots = kv_math.blocks_for_tokens(tokens, block) * block
+    slots = kv_math.blocks_needed(tokens, block) * block
     assert 0 <= slots - tokens <= block - 1
     assert 0 < kv_math.paged_utilization(tokens, block) <= 1

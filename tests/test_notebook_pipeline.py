@@ -21,7 +21,8 @@ def test_nothing_is_stale() -> None:
 
 
 def test_exercises_mirror_solutions() -> None:
-    assert [p.name for p in EXERCISES] == sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
+    solutions = sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
+    assert [p.name for p in EXERCISES] == solutions
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -37,7 +38,9 @@ def test_header_kernelspec_and_metadata(path: Path) -> None:
 
 
 def test_stub_replaces_region_and_keeps_indentation() -> None:
-    source = "def f(x):\n    ### BEGIN SOLUTION: double it\n    return 2 * x\n    ### END SOLUTION\n"
+    source = (
+        "def f(x):\n    ### BEGIN SOLUTION: double it\n    return 2 * x\n    ### END SOLUTION\n"
+    )
     stubbed, replaced = pipeline.stub_source(source, "fallback")
     assert replaced
     assert stubbed == (
@@ -84,3 +87,15 @@ def test_unsolved_exercise_runs_and_reports_not_yet_solved(path: Path) -> None:
     }
     expected = {e.name for e in chapter_exercises(path.name[:2])}
     assert statuses == dict.fromkeys(expected, "not-solved")
+
+
+def test_readme_map_links_every_notebook_and_nothing_missing() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    links = set(re.findall(r"\]\(((?:notebooks|exercises|solutions)/[^)]+\.ipynb)\)", readme))
+    assert all((ROOT / link).exists() for link in links), links
+    assert {p.relative_to(ROOT).as_posix() for p in ALL} <= links
+    colab = r"colab\.research\.google\.com/github/[^/]+/[^/]+/blob/main/([^)]+)"
+    for link in re.findall(colab, readme):
+        assert (ROOT / link).exists(), link

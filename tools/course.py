@@ -36,7 +36,7 @@ def _run(*command: str | Path) -> None:
 
 def install() -> None:
     """Create .venv and install the course into it unless it is already up to date."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script may be run by an older Python
         sys.exit(f"Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
     if not PYTHON.exists():
         venv.EnvBuilder(with_pip=True).create(VENV)

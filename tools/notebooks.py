@@ -21,7 +21,6 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import nbformat
 
@@ -224,12 +223,14 @@ def execute_files(paths: list[Path], timeout: int = 600) -> None:
 
 
 def _all_sources() -> list[Path]:
-    return sorted(p for folder in ("notebooks", "solutions") for p in (ROOT / folder).glob("*.ipynb"))
+    return sorted(p for folder in FOLDERS[:2] for p in (ROOT / folder).glob("*.ipynb"))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("normalize").add_argument("paths", nargs="*", type=Path)
     sub.add_parser("exercises").add_argument("--force", action="store_true")

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "grade",
     "cow_demo",
     "prefix_demo",
+    "simulate",
 )
 
 
@@ -30,10 +31,14 @@ def register_all(subparsers: argparse._SubParsersAction) -> None:
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     """The shared ``--json`` switch: one JSON object on stdout instead of a table."""
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
 
 
-def emit(result: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], str]) -> int:
+def emit(
+    result: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], str]
+) -> int:
     """Print ``result`` as JSON or through ``render``; return exit status 0."""
     if as_json:
         print(json.dumps(dict(result), indent=None, sort_keys=False))

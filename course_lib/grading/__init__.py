@@ -12,7 +12,7 @@ from typing import Any
 
 from course_lib.grading.check import CHECK_MIME, CheckResult, Exercise, evaluate, publish
 
-__all__ = ["CHECK_MIME", "CheckResult", "check", "chapter_exercises", "find_exercise"]
+__all__ = ["CHECK_MIME", "CheckResult", "chapter_exercises", "check", "find_exercise"]
 
 
 def chapter_exercises(chapter: str) -> tuple[Exercise, ...]:

@@ -7,10 +7,9 @@ from course_lib.kv_math import (
     DTYPE_BYTES,
     GIB,
     MODELS,
-    blocks_for_tokens,
+    blocks_needed,
     bytes_per_token,
     capacity,
-    concurrent_requests,
 )
 
 
@@ -42,7 +41,7 @@ def _blocks_needed_cases() -> list[Case]:
     pairs = [(900, 16), (896, 16), (1, 16), (16, 16), (17, 16), (0, 16), (1000, 128)]
     cases = [
         Case(f"fn(tokens={t}, block_size={b})", lambda fn, t=t, b=b: fn(t, b),
-             blocks_for_tokens(t, b), hint)
+             blocks_needed(t, b), hint)
         for t, b in pairs
     ]
     cases.append(Case("fn(tokens=10, block_size=0)", lambda fn: fn(10, 0), Raises(ValueError),

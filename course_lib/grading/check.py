@@ -9,7 +9,6 @@ instructor's grading command reads back from an executed notebook.
 from __future__ import annotations
 
 import html
-import json
 import math
 import traceback
 from collections.abc import Callable, Sequence

@@ -68,7 +68,8 @@ def _first_error(notebook: dict[str, Any]) -> str | None:
     """The first error a cell raised (other than an unsolved stub), for the reason column."""
     for cell in notebook.get("cells", []):
         for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            if output.get("output_type") == "error" and output.get("ename") != "NotImplementedError":
+            unsolved = output.get("ename") == "NotImplementedError"
+            if output.get("output_type") == "error" and not unsolved:
                 return f"{output.get('ename')}: {output.get('evalue')}"
     return None
 

@@ -1,0 +1,485 @@
+"""The paged KV cache: a pool of fixed-size blocks and per-sequence block tables.
+
+Chapter 03 builds it, chapter 04 shares it, chapters 06 and 07 read real K/V through it.
+
+* ``BlockPool`` hands out physical block ids from a free queue and keeps a reference count
+  per block. Block 0 is the reserved null block (as in vLLM), so a pool of 8 blocks has 7
+  for requests. A fresh pool hands out 1, 2, 3, ... in order; a freed block goes to the
+  back of the queue, so the least recently freed block is reused first.
+* ``PagedKVManager`` keeps one block table per sequence (logical block i -> physical
+  block), allocates a block only when the last one is full, forks sequences by sharing
+  every block, and copies a shared, partly filled last block before writing into it
+  (copy-on-write).
+
+The pool can own the K/V tensors: one tensor per layer laid out
+``[num_blocks, 2, block_size, num_kv_heads, head_dim]``; K and V are the views
+``[:, 0]`` and ``[:, 1]``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``
+(not contiguous: a kernel must use their strides). torch is imported only for such a pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from course_lib.kv_math import blocks_needed
+from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
+from course_lib.validate import check_int
+
+if TYPE_CHECKING:
+    import torch
+
+NULL_BLOCK = 0
+"""The reserved block id: never handed out, never freed (vLLM pads block tables with it)."""
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has fewer free blocks than an operation needs; nothing was changed."""
+
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(f"out of KV-cache blocks: needed {needed}, only {free} free")
+        self.needed = needed
+        self.free = free
+
+
+class BlockPool:
+    """Physical KV blocks: a free queue, reference counts and, optionally, the K/V tensors.
+
+    ``allocate`` and ``free`` are O(1). The free queue is an ordered dict so that a block
+    can also leave it from the middle (prefix caching revives freed blocks that way).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        num_layers: int = 1,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        """Make ``num_blocks`` blocks of ``block_size`` tokens (block 0 reserved).
+
+        Pass ``num_kv_heads`` and ``head_dim`` to own zeroed K/V tensors for
+        ``num_layers`` layers (fp16 unless ``dtype`` says otherwise) on ``device``.
+        """
+        self.num_blocks = check_int("num_blocks", num_blocks, 2)
+        self.block_size = check_int("block_size", block_size, 1)
+        self._ref = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self._events: dict[int, BlockEvent] = {}
+        self._kv = self._make_kv(num_kv_heads, head_dim, num_layers, dtype, device)
+
+    def _make_kv(
+        self,
+        num_kv_heads: int | None,
+        head_dim: int | None,
+        num_layers: int,
+        dtype: torch.dtype | None,
+        device: str | torch.device,
+    ) -> torch.Tensor | None:
+        """The ``[layers, blocks, 2, B, H, D]`` tensor, or None for a bookkeeping-only pool."""
+        if num_kv_heads is None and head_dim is None:
+            return None
+        if num_kv_heads is None or head_dim is None:
+            raise ValueError(
+                f"give both num_kv_heads and head_dim to own K/V tensors, "
+                f"got num_kv_heads={num_kv_heads!r}, head_dim={head_dim!r}"
+            )
+        import torch
+
+        shape = (
+            check_int("num_layers", num_layers, 1),
+            self.num_blocks,
+            2,
+            self.block_size,
+            check_int("num_kv_heads", num_kv_heads, 1),
+            check_int("head_dim", head_dim, 1),
+        )
+        return torch.zeros(shape, dtype=dtype or torch.float16, device=device)
+
+    # --- block ids and reference counts -------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that ``allocate`` can hand out now."""
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by at least one sequence (the null block is neither free nor used)."""
+        return self.num_blocks - 1 - len(self._free)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """The free queue, front (next to be handed out) first."""
+        return tuple(self._free)
+
+    def allocate(self) -> int:
+        """Take the block at the front of the free queue, with reference count 1."""
+        if not self._free:
+            raise OutOfBlocks(1, 0)
+        block_id, _ = self._free.popitem(last=False)
+        self._ref[block_id] = 1
+        self._events[block_id] = "allocated"
+        return block_id
+
+    def free(self, block_id: int) -> None:
+        """Drop one reference; at zero the block goes to the back of the free queue."""
+        self._check_held(block_id)
+        self._ref[block_id] -= 1
+        if self._ref[block_id] == 0:
+            self._free[block_id] = None
+            self._events[block_id] = "freed"
+
+    def share(self, block_id: int) -> None:
+        """Add a reference to a block some sequence already holds (fork)."""
+        self._check_held(block_id)
+        self._ref[block_id] += 1
+        self._events[block_id] = "shared"
+
+    def ref_count(self, block_id: int) -> int:
+        """How many block-table entries point at ``block_id`` (0 for free and null blocks)."""
+        self._check_id(block_id)
+        return self._ref[block_id]
+
+    def copy_on_write(self, block_id: int) -> int:
+        """Give one sharer of ``block_id`` its own copy: new block, data copied, count lowered.
+
+        Only for a block held by two or more; its last holder writes in place instead.
+        """
+        self._check_held(block_id)
+        if self._ref[block_id] < 2:
+            raise ValueError(f"block {block_id} is not shared; write it in place")
+        new_id = self.allocate()
+        if self._kv is not None:
+            self._kv[:, new_id].copy_(self._kv[:, block_id])
+        self._ref[block_id] -= 1
+        self._events[new_id] = "cow-copy"
+        return new_id
+
+    def take_events(self) -> dict[int, BlockEvent]:
+        """What happened to each block since the previous call (latest event wins)."""
+        events, self._events = self._events, {}
+        return events
+
+    def _check_id(self, block_id: int) -> None:
+        """Raise unless ``block_id`` is an id of this pool (the null block included)."""
+        if type(block_id) is not int or not 0 <= block_id < self.num_blocks:
+            self._reject(block_id)
+
+    def _check_held(self, block_id: int) -> None:
+        """Raise unless ``block_id`` is a handed-out block (not free, not null); fast path first."""
+        held = type(block_id) is int and 0 < block_id < self.num_blocks and self._ref[block_id]
+        if not held:
+            self._reject(block_id)
+
+    def _reject(self, block_id: object) -> None:
+        """Raise the ValueError that says what is wrong with ``block_id``."""
+        if isinstance(block_id, bool) or not isinstance(block_id, int):
+            raise ValueError(f"block id must be an int, got {block_id!r}")
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(
+                f"block id {block_id} is not in this pool (ids 1..{self.num_blocks - 1})"
+            )
+        if block_id == NULL_BLOCK:
+            raise ValueError(f"block {block_id} is the reserved null block")
+        raise ValueError(f"block {block_id} is free (double free or stale id)")
+
+    # --- the K/V tensors -----------------------------------------------------------------
+
+    @property
+    def owns_kv(self) -> bool:
+        """Whether this pool holds real K/V tensors."""
+        return self._kv is not None
+
+    def kv_cache(self, layer: int = 0) -> torch.Tensor:
+        """One layer's cache, ``[num_blocks, 2, block_size, num_kv_heads, head_dim]``."""
+        if self._kv is None:
+            raise ValueError("this pool owns no K/V tensors (pass num_kv_heads and head_dim)")
+        check_int("layer", layer, 0)
+        if layer >= self._kv.shape[0]:
+            raise ValueError(f"layer {layer} is out of range (pool has {self._kv.shape[0]})")
+        return self._kv[layer]
+
+    def key_cache(self, layer: int = 0) -> torch.Tensor:
+        """K of one layer, a view ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self.kv_cache(layer)[:, 0]
+
+    def value_cache(self, layer: int = 0) -> torch.Tensor:
+        """V of one layer, a view ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self.kv_cache(layer)[:, 1]
+
+
+@dataclass
+class _Sequence:
+    """One sequence's block table, its length and (when tracked) its token ids."""
+
+    table: list[int]
+    length: int
+    token_ids: list[int] | None
+
+
+def _count_and_ids(
+    num_tokens: int | None, token_ids: Iterable[int] | None, default: int
+) -> tuple[int, list[int] | None]:
+    """How many tokens an add or append brings (at least ``default``) and their ids, if given."""
+    if token_ids is None:
+        count = default if num_tokens is None else num_tokens
+        return check_int("num_tokens", count, default), None
+    ids = list(token_ids)
+    for token in ids:
+        check_int("token id", token, 0)
+    if num_tokens is not None and num_tokens != len(ids):
+        raise ValueError(f"num_tokens={num_tokens!r} disagrees with {len(ids)} token ids")
+    return check_int("num_tokens", len(ids), default), ids
+
+
+class PagedKVManager:
+    """Block tables over a ``BlockPool``: add, append (allocate on demand), fork, free.
+
+    Every operation is atomic: when the pool cannot supply the blocks it needs, it raises
+    ``OutOfBlocks`` before changing anything. A sequence added with ``token_ids`` keeps
+    them (prefix caching hashes them) and must be extended with ``token_ids`` too.
+    """
+
+    def __init__(self, pool: BlockPool) -> None:
+        """Manage sequences whose blocks come from ``pool``."""
+        self.pool = pool
+        self._seqs: dict[str, _Sequence] = {}
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self.pool.block_size
+
+    @property
+    def sequences(self) -> tuple[str, ...]:
+        """Live sequence ids, oldest first."""
+        return tuple(self._seqs)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a sequence of ``num_tokens`` tokens holds in this pool."""
+        return blocks_needed(num_tokens, self.block_size)
+
+    def add_sequence(
+        self, seq_id: str, num_tokens: int | None = None, *, token_ids: Iterable[int] | None = None
+    ) -> int:
+        """Start a sequence (a prefilled prompt) of ``num_tokens`` tokens or ``token_ids``.
+
+        Returns how many of its tokens were found already cached (always 0 here; see
+        ``course_lib.prefix_cache``).
+        """
+        length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
+        needed = self.blocks_needed(length)
+        self._require_free(needed)
+        self._install(seq_id, [self.pool.allocate() for _ in range(needed)], length, ids)
+        return 0
+
+    def append_tokens(
+        self, seq_id: str, num_tokens: int | None = None, *, token_ids: Iterable[int] | None = None
+    ) -> None:
+        """Extend a sequence by ``num_tokens`` (default 1) or by ``token_ids``.
+
+        A new block is taken only when the last one is full. If the last block is partly
+        filled and shared, it is copied first (copy-on-write); its last holder writes in
+        place.
+        """
+        seq = self._get(seq_id)
+        if (token_ids is None) != (seq.token_ids is None):
+            tracked = "tracks" if seq.token_ids is not None else "does not track"
+            raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
+        count, ids = _count_and_ids(num_tokens, token_ids, default=1)
+        cow = seq.length % self.block_size != 0 and self.pool.ref_count(seq.table[-1]) > 1
+        new_blocks = self.blocks_needed(seq.length + count) - len(seq.table)
+        self._require_free(new_blocks + int(cow))
+        if cow:
+            seq.table[-1] = self.pool.copy_on_write(seq.table[-1])
+        seq.table.extend(self.pool.allocate() for _ in range(new_blocks))
+        seq.length += count
+        if seq.token_ids is not None and ids is not None:
+            seq.token_ids.extend(ids)
+
+    def fork(self, parent: str, child: str) -> None:
+        """Make ``child`` a copy of ``parent`` that shares every block (counts go up)."""
+        seq = self._get(parent)
+        self._check_new_id(child)
+        for block_id in seq.table:
+            self.pool.share(block_id)
+        ids = None if seq.token_ids is None else list(seq.token_ids)
+        self._install(child, list(seq.table), seq.length, ids)
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Drop a sequence, releasing its blocks tail first (so a cached prefix outlives it)."""
+        seq = self._get(seq_id)
+        del self._seqs[seq_id]
+        for block_id in reversed(seq.table):
+            self.pool.free(block_id)
+
+    def block_table(self, seq_id: str) -> tuple[int, ...]:
+        """Physical block of each logical block of ``seq_id``."""
+        return tuple(self._get(seq_id).table)
+
+    def seq_len(self, seq_id: str) -> int:
+        """Tokens in ``seq_id``."""
+        return self._get(seq_id).length
+
+    def utilization(self) -> float:
+        """U_paged over all sequences: token slots in use / (blocks in use x B); 0.0 if none.
+
+        A shared block counts once, so sharing raises it instead of pushing it past 1.
+        """
+        fill = self._block_fill()
+        return sum(fill.values()) / (len(fill) * self.block_size) if fill else 0.0
+
+    def snapshot(self, label: str = "") -> PoolSnapshot:
+        """The pool now, with what happened to each block since the previous snapshot."""
+        fill = self._block_fill()
+        owners: dict[int, list[str]] = {}
+        for seq_id, seq in self._seqs.items():
+            for block_id in seq.table:
+                owners.setdefault(block_id, []).append(seq_id)
+        events = self.pool.take_events()
+        blocks = []
+        for block_id in range(self.pool.num_blocks):
+            cached = self._cached_hash(block_id)
+            blocks.append(BlockView(
+                block_id=block_id,
+                tokens=fill.get(block_id, self.block_size if cached else 0),
+                owners=tuple(owners.get(block_id, ())),
+                ref_count=self.pool.ref_count(block_id),
+                cached_hash=cached,
+                event=events.get(block_id),
+                is_null=block_id == NULL_BLOCK,
+            ))
+        return PoolSnapshot(
+            block_size=self.block_size,
+            blocks=tuple(blocks),
+            tables={s: tuple(q.table) for s, q in self._seqs.items()},
+            seq_lens={s: q.length for s, q in self._seqs.items()},
+            label=label,
+        )
+
+    # --- K/V through the block table ----------------------------------------------------
+
+    def slot_mapping(self, seq_id: str, positions: Iterable[int]) -> list[int]:
+        """Flat slot ``block * B + offset`` of each token position of ``seq_id``."""
+        seq = self._get(seq_id)
+        slots = []
+        for pos in positions:
+            if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < seq.length:
+                raise ValueError(
+                    f"position {pos!r} is outside sequence {seq_id!r} (length {seq.length})"
+                )
+            slots.append(seq.table[pos // self.block_size] * self.block_size
+                         + pos % self.block_size)
+        return slots
+
+    def write_kv(
+        self,
+        seq_id: str,
+        positions: Sequence[int],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layer: int = 0,
+    ) -> None:
+        """Store K/V ``[len(positions), num_kv_heads, head_dim]`` at those token positions.
+
+        Append the tokens first: writing into a block another sequence can read is refused,
+        which is what copy-on-write exists to prevent.
+        """
+        import torch
+
+        kv = self.pool.kv_cache(layer)
+        expected = (len(positions), kv.shape[3], kv.shape[4])
+        for name, tensor in (("key", key), ("value", value)):
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {expected}")
+        slots = self.slot_mapping(seq_id, positions)
+        for block_id in {slot // self.block_size for slot in slots}:
+            if self.pool.ref_count(block_id) > 1:
+                raise ValueError(
+                    f"block {block_id} of {seq_id!r} is shared by "
+                    f"{self.pool.ref_count(block_id)} sequences; it is read-only"
+                )
+        index = torch.tensor(slots, dtype=torch.long, device=kv.device)
+        blocks, offsets = index // self.block_size, index % self.block_size
+        kv[blocks, 0, offsets] = key.to(device=kv.device, dtype=kv.dtype)
+        kv[blocks, 1, offsets] = value.to(device=kv.device, dtype=kv.dtype)
+
+    def batch_tables(
+        self, seq_ids: Sequence[str], device: str | torch.device = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 block tables ``[batch, max_blocks]`` padded with the null block, and lengths.
+
+        The inputs an attention kernel takes for a batch of sequences.
+        """
+        import torch
+
+        tables = [self.block_table(seq_id) for seq_id in seq_ids]
+        width = max((len(table) for table in tables), default=0)
+        padded = [list(table) + [NULL_BLOCK] * (width - len(table)) for table in tables]
+        lengths = [self.seq_len(seq_id) for seq_id in seq_ids]
+        return (
+            torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(tables), width),
+            torch.tensor(lengths, dtype=torch.int32, device=device),
+        )
+
+    def read_kv(self, seq_id: str, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather ``seq_id``'s K and V into ``[seq_len, num_kv_heads, head_dim]`` copies."""
+        import torch
+
+        kv = self.pool.kv_cache(layer)
+        slots = self.slot_mapping(seq_id, range(self.seq_len(seq_id)))
+        index = torch.tensor(slots, dtype=torch.long, device=kv.device)
+        blocks, offsets = index // self.block_size, index % self.block_size
+        return kv[blocks, 0, offsets], kv[blocks, 1, offsets]
+
+    # --- helpers shared with the prefix-caching subclass -----------------------------------
+
+    def _get(self, seq_id: str) -> _Sequence:
+        """The state of a live sequence, else a ValueError naming the id."""
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown sequence {seq_id!r}") from None
+
+    def _check_new_id(self, seq_id: str) -> None:
+        """Raise unless ``seq_id`` is a string not in use."""
+        if not isinstance(seq_id, str):
+            raise ValueError(f"sequence id must be a str, got {seq_id!r}")
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+
+    def _new_sequence_args(
+        self, seq_id: str, num_tokens: int | None, token_ids: Iterable[int] | None
+    ) -> tuple[int, list[int] | None]:
+        """Validate ``add_sequence`` arguments: (length, token ids or None)."""
+        self._check_new_id(seq_id)
+        return _count_and_ids(num_tokens, token_ids, default=0)
+
+    def _install(self, seq_id: str, table: list[int], length: int, ids: list[int] | None) -> None:
+        """Record a new sequence whose blocks are already held."""
+        self._seqs[seq_id] = _Sequence(table, length, ids)
+
+    def _require_free(self, needed: int) -> None:
+        """Raise ``OutOfBlocks`` unless the pool can hand out ``needed`` blocks now."""
+        if needed > self.pool.num_free:
+            raise OutOfBlocks(needed, self.pool.num_free)
+
+    def _block_fill(self) -> dict[int, int]:
+        """Token slots written in each block some sequence holds."""
+        fill: dict[int, int] = {}
+        size = self.block_size
+        for seq in self._seqs.values():
+            for index, block_id in enumerate(seq.table):
+                used = min(size, seq.length - index * size)
+                fill[block_id] = max(fill.get(block_id, 0), used)
+        return fill
+
+    def _cached_hash(self, block_id: int) -> str | None:
+        """Hex hash of a cached block, for snapshots; no block is cached without caching."""
+        return None

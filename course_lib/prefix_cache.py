@@ -1,0 +1,265 @@
+"""Automatic prefix caching: find a request's longest already-computed prefix by block hash.
+
+As vLLM does it: every *full* block gets a hash chained from its parent's,
+
+    hash(block i) = sha256(hash(block i-1), token ids of block i, extra keys)
+
+so equal hashes mean equal whole prefixes, not just equal blocks. The first block's
+extra keys carry the request's cache salt; the chain passes it on, so two tenants with
+different salts never share a block. A partly filled block has no hash and is never shared.
+
+Collisions are ruled out, not detected: the hash input is a canonical, length-prefixed
+byte encoding (a 32-byte parent, a token count and 8-byte tokens, a key count and
+length-prefixed UTF-8 keys), so different inputs always give different bytes, and finding
+two byte strings with the same SHA-256 is computationally infeasible. (vLLM likewise keeps
+no tokens to compare.)
+
+A freed block keeps its hash and goes to the back of the free queue, where a later request
+can still find and revive it ("touch"). Only when the pool hands it out again does it lose
+its hash: eviction, least recently freed first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from course_lib.paged import BlockPool, PagedKVManager, check_int
+
+BlockHash = bytes
+"""A 32-byte SHA-256 digest naming a full block and everything before it."""
+
+ROOT_HASH: BlockHash = hashlib.sha256(b"course_lib prefix cache root").digest()
+"""The parent hash of a sequence's first block (fixed, so runs are reproducible)."""
+
+
+def hash_block_tokens(
+    parent: BlockHash | None, token_ids: Sequence[int], extra_keys: Sequence[str] = ()
+) -> BlockHash:
+    """SHA-256 of (parent hash or ``ROOT_HASH``, the block's token ids, extra keys)."""
+    parent = ROOT_HASH if parent is None else parent
+    if not isinstance(parent, bytes) or len(parent) != len(ROOT_HASH):
+        raise ValueError(f"parent must be a 32-byte block hash, got {parent!r}")
+    digest = hashlib.sha256(parent)
+    try:
+        digest.update(struct.pack(f"<Q{len(token_ids)}Q", len(token_ids), *token_ids))
+    except struct.error:
+        raise ValueError(f"token ids must be integers in [0, 2**64), got {token_ids!r}") from None
+    digest.update(struct.pack("<Q", len(extra_keys)))
+    for key in extra_keys:
+        if not isinstance(key, str):
+            raise ValueError(f"extra keys must be strings, got {key!r}")
+        encoded = key.encode()
+        digest.update(struct.pack("<Q", len(encoded)) + encoded)
+    return digest.digest()
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    cache_salt: str | None = None,
+    known: Sequence[BlockHash] = (),
+) -> list[BlockHash]:
+    """The hash chain of every full block of ``token_ids``; the tail block has none.
+
+    ``known`` holds hashes already computed for a prefix, so appending tokens hashes only
+    the blocks that have just filled up.
+    """
+    check_int("block_size", block_size, 1)
+    hashes = list(known)
+    for index in range(len(hashes), len(token_ids) // block_size):
+        tokens = token_ids[index * block_size : (index + 1) * block_size]
+        salt = (cache_salt,) if index == 0 and cache_salt is not None else ()
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, salt))
+    return hashes
+
+
+class PrefixCachingBlockPool(BlockPool):
+    """A ``BlockPool`` that remembers which full blocks hold which hash.
+
+    A hash may name several blocks (two requests can compute the same block before either
+    is cached); lookups take the oldest. Same constructor as ``BlockPool``.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, **kv_options: Any) -> None:
+        """As ``BlockPool``; its keyword options make the pool own K/V tensors."""
+        super().__init__(num_blocks, block_size, **kv_options)
+        self._hash_of: dict[int, BlockHash] = {}
+        self._blocks_of: dict[BlockHash, dict[int, None]] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks that carry a hash, held or free."""
+        return len(self._hash_of)
+
+    def allocate(self) -> int:
+        """Take the front free block; if it still carried a hash, evict that first."""
+        block_id = super().allocate()
+        block_hash = self._hash_of.pop(block_id, None)
+        if block_hash is not None:
+            holders = self._blocks_of[block_hash]
+            del holders[block_id]
+            if not holders:
+                del self._blocks_of[block_hash]
+            self.num_evictions += 1
+            self._events[block_id] = "evicted"
+        return block_id
+
+    def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
+        """Record that held, full block ``block_id`` holds ``block_hash``."""
+        self._check_held(block_id)
+        current = self._hash_of.get(block_id)
+        if current is not None and current != block_hash:
+            raise ValueError(f"block {block_id} already holds a different hash")
+        self._hash_of[block_id] = block_hash
+        self._blocks_of.setdefault(block_hash, {})[block_id] = None
+
+    def block_hash(self, block_id: int) -> BlockHash | None:
+        """The hash ``block_id`` carries, or None."""
+        self._check_id(block_id)
+        return self._hash_of.get(block_id)
+
+    def longest_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
+        """Blocks for the leading hashes found in the cache, stopping at the first miss."""
+        found = []
+        for block_hash in hashes:
+            holders = self._blocks_of.get(block_hash)
+            if not holders:
+                break
+            found.append(next(iter(holders)))
+        return found
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take a reference on each cached block, reviving any that sat in the free queue."""
+        for block_id in block_ids:
+            if block_id not in self._hash_of:
+                raise ValueError(f"block {block_id!r} is not a cached block")
+            if self._ref[block_id] == 0:
+                del self._free[block_id]
+            self._ref[block_id] += 1
+            self._events[block_id] = "cache-hit"
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Lookups so far: prompt tokens asked for and tokens found cached."""
+
+    queries: int
+    query_tokens: int
+    hit_tokens: int
+    evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of looked-up prompt tokens found in the cache (vLLM's token hit rate)."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def tokens_not_recomputed(self) -> int:
+        """Prompt tokens whose K/V came from the cache instead of a prefill."""
+        return self.hit_tokens
+
+
+class PrefixCachingKVManager(PagedKVManager):
+    """``PagedKVManager`` that reuses cached full blocks and caches every block that fills.
+
+    Only sequences added with ``token_ids`` take part (a hash needs the tokens). As in
+    vLLM, at least the last prompt token is always computed, so a hit covers at most
+    ``len(token_ids) - 1`` tokens.
+    """
+
+    pool: PrefixCachingBlockPool
+
+    def __init__(self, pool: PrefixCachingBlockPool) -> None:
+        """Manage sequences over a prefix-caching pool."""
+        if not isinstance(pool, PrefixCachingBlockPool):
+            raise ValueError(f"prefix caching needs a PrefixCachingBlockPool, got {pool!r}")
+        super().__init__(pool)
+        self._salts: dict[str, str | None] = {}
+        self._hashes: dict[str, list[BlockHash]] = {}
+        self._queries = self._query_tokens = self._hit_tokens = 0
+
+    def add_sequence(
+        self,
+        seq_id: str,
+        num_tokens: int | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        cache_salt: str | None = None,
+    ) -> int:
+        """Start a sequence, reusing its longest cached prefix; return the tokens reused.
+
+        ``cache_salt`` separates tenants: only requests with the same salt share blocks.
+        """
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a str or None, got {cache_salt!r}")
+        if token_ids is None:
+            if cache_salt is not None:
+                raise ValueError(f"cache_salt={cache_salt!r} needs token_ids to hash")
+            return super().add_sequence(seq_id, num_tokens)
+        length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
+        assert ids is not None
+        hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt)
+        hit = self.pool.longest_cached_prefix(hashes[: max(length - 1, 0) // self.block_size])
+        revived = sum(1 for block_id in hit if self.pool.ref_count(block_id) == 0)
+        fresh = self.blocks_needed(length) - len(hit)
+        self._require_free(fresh + revived)
+        self.pool.touch(hit)
+        self._install(seq_id, hit + [self.pool.allocate() for _ in range(fresh)], length, ids)
+        self._salts[seq_id] = cache_salt
+        self._hashes[seq_id] = []
+        self._cache_full_blocks(seq_id)
+        hit_tokens = len(hit) * self.block_size
+        self._queries += 1
+        self._query_tokens += length
+        self._hit_tokens += hit_tokens
+        return hit_tokens
+
+    def append_tokens(
+        self, seq_id: str, num_tokens: int | None = None, *, token_ids: Iterable[int] | None = None
+    ) -> None:
+        """Extend as ``PagedKVManager`` does, then cache the blocks that just filled."""
+        super().append_tokens(seq_id, num_tokens, token_ids=token_ids)
+        if seq_id in self._hashes:
+            self._cache_full_blocks(seq_id)
+
+    def fork(self, parent: str, child: str) -> None:
+        """Fork as ``PagedKVManager`` does; the child continues the parent's hash chain."""
+        super().fork(parent, child)
+        if parent in self._hashes:
+            self._salts[child] = self._salts[parent]
+            self._hashes[child] = list(self._hashes[parent])
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Free as ``PagedKVManager`` does; cached blocks stay findable until evicted."""
+        super().free_sequence(seq_id)
+        self._salts.pop(seq_id, None)
+        self._hashes.pop(seq_id, None)
+
+    def stats(self) -> PrefixCacheStats:
+        """Hit statistics since this manager was made."""
+        return PrefixCacheStats(
+            self._queries, self._query_tokens, self._hit_tokens, self.pool.num_evictions
+        )
+
+    def _cache_full_blocks(self, seq_id: str) -> None:
+        """Hash the newly full blocks of ``seq_id`` and register them in the pool."""
+        seq = self._seqs[seq_id]
+        assert seq.token_ids is not None
+        hashes = self._hashes[seq_id]
+        done = len(hashes)
+        hashes[:] = block_hashes(
+            seq.token_ids, self.block_size, cache_salt=self._salts[seq_id], known=hashes
+        )
+        for index in range(done, len(hashes)):
+            self.pool.cache_block(seq.table[index], hashes[index])
+
+    def _cached_hash(self, block_id: int) -> str | None:
+        """Hex hash of a cached block, for snapshots."""
+        block_hash = self.pool.block_hash(block_id)
+        return None if block_hash is None else block_hash.hex()

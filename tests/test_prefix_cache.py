@@ -1,0 +1,228 @@
+"""Prefix caching: the block-hash chain, lookups, touch, eviction order, salts, statistics."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+
+from course_lib.paged import BlockPool, OutOfBlocks
+from course_lib.prefix_cache import (
+    ROOT_HASH,
+    PrefixCachingBlockPool,
+    PrefixCachingKVManager,
+    block_hashes,
+    hash_block_tokens,
+)
+
+
+def _manager(num_blocks: int = 8, block_size: int = 4) -> PrefixCachingKVManager:
+    return PrefixCachingKVManager(PrefixCachingBlockPool(num_blocks, block_size))
+
+
+# --- hashing ----------------------------------------------------------------------------
+
+
+def test_block_hash_is_sha256_of_the_documented_encoding() -> None:
+    payload = ROOT_HASH + struct.pack("<5Q", 4, 1, 2, 3, 4) + struct.pack("<Q", 0)
+    assert hash_block_tokens(None, [1, 2, 3, 4]) == hashlib.sha256(payload).digest()
+    assert hash_block_tokens(None, [1, 2, 3, 4]).hex() == (
+        "0ab81f0d6b8b5fbe3364aca49adff58969bc196506a4e48ffdffeeeb5a077138"
+    )
+    salted = ROOT_HASH + struct.pack("<3Q", 2, 7, 8) + struct.pack("<2Q", 1, 1) + b"a"
+    assert hash_block_tokens(None, [7, 8], ["a"]) == hashlib.sha256(salted).digest()
+
+
+def test_the_encoding_is_unambiguous() -> None:
+    assert hash_block_tokens(None, [1, 2]) != hash_block_tokens(None, [1])
+    assert hash_block_tokens(None, [1], ["ab"]) != hash_block_tokens(None, [1], ["a", "b"])
+    assert hash_block_tokens(None, [1]) != hash_block_tokens(None, [1], [""])
+    assert hash_block_tokens(None, [1]) != hash_block_tokens(hash_block_tokens(None, []), [1])
+
+
+def test_only_full_blocks_get_hashes_and_each_hash_names_its_whole_prefix() -> None:
+    tokens = list(range(10))
+    hashes = block_hashes(tokens, 4)
+    assert len(hashes) == 2
+    assert hashes[1] == hash_block_tokens(hashes[0], [4, 5, 6, 7])
+    changed_first = block_hashes([99, *tokens[1:]], 4)
+    assert changed_first[0] != hashes[0] and changed_first[1] != hashes[1]
+    assert block_hashes(tokens, 4, known=hashes[:1]) == hashes
+
+
+def test_the_cache_salt_enters_the_first_block_and_the_chain_carries_it() -> None:
+    plain = block_hashes(list(range(8)), 4)
+    salted = block_hashes(list(range(8)), 4, cache_salt="tenant-a")
+    assert salted[0] == hash_block_tokens(None, [0, 1, 2, 3], ["tenant-a"])
+    assert salted[1] == hash_block_tokens(salted[0], [4, 5, 6, 7])
+    assert not set(plain) & set(salted)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: hash_block_tokens(b"short", [1]), "parent must be a 32-byte block hash"),
+        (lambda: hash_block_tokens(None, [1, -3]), r"token ids must be integers in \[0, 2\*\*64\)"),
+        (lambda: hash_block_tokens(None, [2**64]), "token ids must be integers"),
+        (lambda: hash_block_tokens(None, [1], [5]), "extra keys must be strings, got 5"),
+        (lambda: block_hashes([1, 2], 0), "block_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_bad_hash_arguments(call, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# --- a golden trace, computed by hand ---------------------------------------------------
+
+
+def test_golden_trace_of_hits_touch_and_eviction_order() -> None:
+    manager = _manager()  # blocks of 4; ids 1..7
+    pool = manager.pool
+    a = list(range(10))  # two full blocks and a tail of two tokens
+
+    assert manager.add_sequence("A", token_ids=a) == 0
+    assert manager.block_table("A") == (1, 2, 3) and pool.num_cached == 2
+    manager.free_sequence("A")  # tail first: 3, 2, 1 join the back of the queue
+    assert pool.free_blocks() == (4, 5, 6, 7, 3, 2, 1)
+    assert pool.num_free == 7  # cached free blocks still count as free
+
+    assert manager.add_sequence("B", token_ids=[*a[:8], 99, 98]) == 8  # touch revives 1, 2
+    assert manager.block_table("B") == (1, 2, 4)
+    assert pool.free_blocks() == (5, 6, 7, 3)
+    manager.free_sequence("B")
+    assert pool.free_blocks() == (5, 6, 7, 3, 4, 2, 1)
+
+    assert manager.add_sequence("C", token_ids=list(range(50, 66))) == 0
+    assert manager.block_table("C") == (5, 6, 7, 3) and pool.num_evictions == 0
+    assert manager.add_sequence("D", token_ids=[70, 71, 72, 73, 74]) == 0
+    assert manager.block_table("D") == (4, 2)  # 2 was least recently freed: evicted
+    assert pool.block_hash(4) == block_hashes([70, 71, 72, 73], 4)[0]
+    assert pool.num_evictions == 1 and pool.block_hash(2) is None
+    assert pool.block_hash(1) is not None and pool.free_blocks() == (1,)
+
+    before = (pool.free_blocks(), manager.stats(), pool.num_cached)
+    with pytest.raises(OutOfBlocks, match="needed 3, only 1 free"):
+        manager.add_sequence("E", token_ids=a)  # hit block 1 (revived) + 2 fresh > 1 free
+    assert (pool.free_blocks(), manager.stats(), pool.num_cached) == before
+    assert "E" not in manager.sequences
+
+    manager.free_sequence("D")
+    assert pool.free_blocks() == (1, 2, 4)
+    assert manager.add_sequence("E", token_ids=a) == 4  # only the first block survived
+    assert manager.block_table("E") == (1, 2, 4)  # reusing 4 evicted D's first block
+    assert pool.block_hash(2) == block_hashes(a, 4)[1]  # recomputed and cached again
+    assert pool.num_evictions == 2
+
+    stats = manager.stats()
+    assert (stats.queries, stats.query_tokens, stats.hit_tokens, stats.evictions) == (
+        5, 51, 12, 2
+    )
+    assert stats.hit_rate == pytest.approx(12 / 51)
+    assert stats.tokens_not_recomputed == 12
+
+
+# --- behaviour --------------------------------------------------------------------------
+
+
+def test_live_blocks_are_shared_by_reference_count() -> None:
+    manager = _manager(num_blocks=16)
+    prompt = list(range(9))
+    manager.add_sequence("a", token_ids=prompt)
+    assert manager.add_sequence("b", token_ids=prompt) == 8
+    assert manager.block_table("a")[:2] == manager.block_table("b")[:2] == (1, 2)
+    assert manager.block_table("a")[2] != manager.block_table("b")[2]
+    assert [manager.pool.ref_count(b) for b in (1, 2)] == [2, 2]
+
+
+def test_the_cache_salt_keeps_tenants_apart() -> None:
+    manager = _manager(num_blocks=32)
+    prompt = list(range(9))
+    assert manager.add_sequence("a1", token_ids=prompt, cache_salt="tenant-a") == 0
+    assert manager.add_sequence("b1", token_ids=prompt, cache_salt="tenant-b") == 0
+    assert manager.add_sequence("none", token_ids=prompt) == 0
+    assert manager.add_sequence("a2", token_ids=prompt, cache_salt="tenant-a") == 8
+    assert manager.block_table("a2")[:2] == manager.block_table("a1")[:2]
+
+
+def test_at_least_one_prompt_token_is_computed() -> None:
+    manager = _manager(num_blocks=16)
+    prompt = list(range(8))  # exactly two full blocks
+    manager.add_sequence("a", token_ids=prompt)
+    assert manager.add_sequence("b", token_ids=prompt) == 4
+    assert manager.block_table("b") == (1, 3)
+    assert manager.pool.num_cached == 3  # block 3 holds block 2's hash too
+    assert manager.pool.longest_cached_prefix(block_hashes(prompt, 4)) == [1, 2]
+
+
+def test_fork_continues_the_hash_chain_and_copy_on_write_blocks_get_cached() -> None:
+    manager = _manager(num_blocks=16)
+    manager.add_sequence("a", token_ids=[1, 2, 3, 4, 5, 6])
+    manager.fork("a", "b")
+    manager.append_tokens("b", token_ids=[7, 8])  # copies block 2, fills it
+    assert manager.block_table("b") == (1, 3)
+    assert manager.add_sequence("c", token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9]) == 8
+    assert manager.block_table("c")[:2] == (1, 3)
+
+
+def test_appended_tokens_are_cached_when_their_block_fills() -> None:
+    manager = _manager(num_blocks=16)
+    manager.add_sequence("a", token_ids=[1, 2])
+    manager.append_tokens("a", token_ids=[3, 4, 5])
+    assert manager.pool.num_cached == 1
+    manager.free_sequence("a")
+    assert manager.add_sequence("b", token_ids=[1, 2, 3, 4, 0]) == 4
+
+
+def test_sequences_without_token_ids_are_never_cached() -> None:
+    manager = _manager()
+    assert manager.add_sequence("a", 9) == 0
+    manager.append_tokens("a", 3)
+    assert manager.pool.num_cached == 0
+    assert manager.stats().hit_rate == 0.0
+
+
+def test_snapshot_shows_hashes_hits_and_evictions() -> None:
+    manager = _manager(num_blocks=4)
+    manager.add_sequence("a", token_ids=list(range(5)))
+    manager.free_sequence("a")
+    manager.snapshot()
+    manager.add_sequence("b", token_ids=[0, 1, 2, 3, 9])
+    view = manager.snapshot().blocks
+    assert view[1].event == "cache-hit" and view[1].cached_hash == manager.pool.block_hash(1).hex()
+    assert view[2].cached_hash is None
+    manager.free_sequence("b")
+    free_view = manager.snapshot().blocks[1]
+    assert (free_view.ref_count, free_view.tokens, free_view.owners) == (0, 4, ())
+    assert free_view.cached_hash is not None
+    manager.add_sequence("c", 12)
+    events = [b.event for b in manager.snapshot().blocks]
+    assert events == [None, "evicted", "allocated", "allocated"]
+
+
+def test_the_caching_pool_keeps_the_minimal_pool_surface() -> None:
+    pool = PrefixCachingBlockPool(8, 16)
+    ids = [pool.allocate() for _ in range(7)]
+    assert ids == [1, 2, 3, 4, 5, 6, 7] and pool.num_free == 0
+    for block_id in ids:
+        pool.free(block_id)
+    assert (pool.num_free, pool.block_size, pool.num_blocks) == (7, 16, 8)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m.pool.touch([2]), "block 2 is not a cached block"),
+        (lambda m: m.pool.cache_block(5, b"x" * 32), "block 5 is free"),
+        (lambda m: m.pool.cache_block(1, b"x" * 32), "block 1 already holds a different hash"),
+        (lambda m: m.add_sequence("b", token_ids=[1], cache_salt=3), "cache_salt must be a str"),
+        (lambda m: m.add_sequence("b", 3, cache_salt="t"), "cache_salt='t' needs token_ids"),
+        (lambda m: PrefixCachingKVManager(BlockPool(4, 4)), "needs a PrefixCachingBlockPool"),
+    ],
+)
+def test_bad_caching_calls(call, message: str) -> None:
+    manager = _manager()
+    manager.add_sequence("a", token_ids=[1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match=message):
+        call(manager)

@@ -1,0 +1,104 @@
+"""Time the simulator on the source guide's study and print its figures beside the guide's.
+
+    .venv/bin/python tools/bench_simulator.py
+
+Issue 3's budgets: the 3,000-chat study on all three allocators in at most 5 s in total,
+and the block-size sweep (16 to 512) in at most 20 s, on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+
+from course_lib.simulator import SimConfig, SimResult, simulate
+from course_lib.workload import support_chat, trace_stats
+
+STUDY_BUDGET_S = 5.0
+SWEEP_BUDGET_S = 20.0
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+def timed(trace: list, config: SimConfig) -> tuple[SimResult, float, float]:
+    """One simulation, its wall-clock seconds and its CPU seconds (the two differ when
+    other processes compete for the cores)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = simulate(trace, config)
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main() -> int:
+    """Run both benchmarks, print times and figures; exit 1 if a budget is exceeded."""
+    start = time.perf_counter()
+    trace = support_chat()
+    stats = trace_stats(trace)
+    print(f"support-chat: {stats.requests:,} chats, median {stats.median_total:g} "
+          f"(guide 886), longest {stats.longest_total:,} (guide 7,067), "
+          f"{stats.output_tokens:,} reply tokens, built in {time.perf_counter() - start:.2f} s")
+
+    print("\nstudy: 60 GiB, 128 KiB per token, max_len 8,192")
+    study: dict[str, SimResult] = {}
+    study_s = study_cpu = 0.0
+    for allocator in ("reserve-max", "exact-size", "paged"):
+        study[allocator], seconds, cpu = timed(trace, SimConfig(allocator=allocator))
+        study_s += seconds
+        study_cpu += cpu
+        print(f"  {allocator:<12} {seconds:6.2f} s wall  {cpu:6.2f} s CPU")
+    print(f"  {'total':<12} {study_s:6.2f} s wall  {study_cpu:6.2f} s CPU   "
+          f"(budget {STUDY_BUDGET_S:g} s)")
+
+    reserve, exact, paged = study["reserve-max"], study["exact-size"], study["paged"]
+    rows = [
+        ("reserve-max: requests at once", "60", f"{reserve.peak_batch}"),
+        ("reserve-max: KV holding tokens", "12.3%", f"{reserve.used_share:.1%}"),
+        ("reserve-max: decode steps", "17,663", f"{reserve.steps:,}"),
+        ("exact-size: free in unusable gaps", "13.3%", f"{exact.stranded_share:.1%}"),
+        ("exact-size: free fits, no gap does", "2,630", f"{exact.no_gap_steps:,} steps"),
+        ("paged 16: requests per step", "~498",
+         f"{paged.avg_batch_while_waiting:.1f} while queued, {paged.avg_batch:.1f} overall"),
+        ("paged 16: decode steps", "3,334", f"{paged.steps:,}"),
+        ("paged 16: preemptions", "522", f"{paged.preemptions:,}"),
+        ("paged 16: recomputed tokens", "149,240 (4.6%)",
+         f"{paged.recomputed_tokens:,} ({paged.recomputed_share:.1%})"),
+        ("cost per 1M tokens, reserve-max", "~30", f"{reserve.cost_per_million_tokens:.2f}"),
+        ("cost per 1M tokens, paged 16", "~5.7", f"{paged.cost_per_million_tokens:.2f}"),
+    ]
+
+    print("\nblock-size sweep (paged)")
+    sweep_s = sweep_cpu = 0.0
+    sweep: dict[int, SimResult] = {}
+    for block_size in BLOCK_SIZES:
+        sweep[block_size], seconds, cpu = timed(trace, replace(SimConfig(),
+                                                                block_size=block_size))
+        sweep_s += seconds
+        sweep_cpu += cpu
+        r = sweep[block_size]
+        print(f"  {block_size:>4}: {seconds:5.2f} s wall {cpu:5.2f} s CPU  steps {r.steps:,}  "
+              f"batch {r.avg_batch_while_waiting:.1f} while queued  last block unused "
+              f"{r.last_block_unused:.1f}  reserved-empty {r.reserved_empty_share:.1%}  "
+              f"preemptions {r.preemptions}")
+    print(f"  total {sweep_s:5.2f} s wall {sweep_cpu:5.2f} s CPU   "
+          f"(budget {SWEEP_BUDGET_S:g} s)")
+    rows += [
+        ("block 16: unused slots in last block", "7.4", f"{sweep[16].last_block_unused:.1f}"),
+        ("block 512: unused slots in last block", "252.7",
+         f"{sweep[512].last_block_unused:.1f}"),
+        ("block 512: reserved but empty", "20.2%", f"{sweep[512].reserved_empty_share:.1%}"),
+        ("block 512: requests per step", "397",
+         f"{sweep[512].avg_batch_while_waiting:.1f} while queued, "
+         f"{sweep[512].avg_batch:.1f} overall"),
+    ]
+
+    width = max(len(label) for label, _, _ in rows)
+    print(f"\n{'figure':<{width}}  {'guide':>15}  course")
+    for label, guide, course in rows:
+        print(f"{label:<{width}}  {guide:>15}  {course}")
+    within = study_s <= STUDY_BUDGET_S and sweep_s <= SWEEP_BUDGET_S
+    print(f"\nstudy {study_s:.2f} s of {STUDY_BUDGET_S:g}, sweep {sweep_s:.2f} s of "
+          f"{SWEEP_BUDGET_S:g}: {'within budget' if within else 'OVER BUDGET'}")
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
