@@ -22,3 +22,15 @@ def check_positive_number(name: str, value: object) -> float:
     ):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def check_non_negative_number(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a finite number >= 0, else raise."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    return float(value)

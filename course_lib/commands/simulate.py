@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="named workload preset (default: support-chat)")
     source.add_argument("--trace", metavar="FILE.json", help="your own trace (JSON)")
     parser.add_argument("--seed", type=int, help="seed of the workload preset")
+    parser.add_argument("--priority-levels", type=int,
+                        help="give the preset's requests random priorities 0 .. N-1")
     parser.add_argument("--allocator", default="paged", choices=ALLOCATORS)
     parser.add_argument("--block-size", type=int, default=16, help="tokens per block (paged)")
     parser.add_argument("--max-len", type=int, default=8192, help="longest request in tokens")
@@ -81,13 +83,16 @@ def _config(args: argparse.Namespace) -> SimConfig:
 def run(args: argparse.Namespace) -> int:
     """Build the trace and the server, simulate, print the metrics."""
     config = _config(args)
+    preset = {key: value for key, value in (("seed", args.seed),
+                                            ("priority_levels", args.priority_levels))
+              if value is not None}
     if args.trace is not None:
-        if args.seed is not None:
-            raise ValueError(f"--seed {args.seed} seeds a --workload preset, not a --trace file")
+        if preset:
+            flags = " and ".join(f"--{key.replace('_', '-')}" for key in preset)
+            raise ValueError(f"{flags} shape a --workload preset, not a --trace file")
         trace, name = load_trace(args.trace), args.trace
     else:
-        seeded = {} if args.seed is None else {"seed": args.seed}
-        trace, name = workload(args.workload, **seeded), args.workload
+        trace, name = workload(args.workload, **preset), args.workload
     result = simulate(trace, config)
     payload = {"workload": name, "bytes_per_token": config.bytes_per_token,
                "step_ms": config.costs.step_seconds * 1000,

@@ -25,16 +25,22 @@ STYLE = {
 
 
 def figure_text(fig: Figure) -> str:
-    """Plain-text stand-in for a figure: its suptitle or first axes title."""
+    """Plain-text stand-in for a figure: its suptitle or first axes title (any position)."""
     title = fig.get_suptitle()
     if not title:
-        title = next((ax.get_title() for ax in fig.axes if ax.get_title()), "untitled")
+        titles = (ax.get_title(loc) for ax in fig.axes for loc in ("center", "left", "right"))
+        title = next((t for t in titles if t), "untitled")
     return f"[figure: {title}]"
 
 
 def setup_notebook() -> None:
     """Apply the course style and register the figure text form in IPython, if running."""
     mpl.rcParams.update(STYLE)
+    import matplotlib.pyplot as plt
+
+    # The first figure activates the notebook backend, which resets every Figure formatter;
+    # let that happen now, before registering ours.
+    plt.close(plt.figure())
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython is a dependency

@@ -1,0 +1,191 @@
+"""Who runs, who waits, and who is pushed out: the scheduler behind the simulator's step loop.
+
+Chapter 03 needs only the source guide's minimal policy (first come, first served; when
+the paged pool runs out, preempt the newest running request and recompute it later).
+Chapter 05 grows it into vLLM's: continuous batching under ``max_num_seqs`` and
+``max_num_batched_tokens``, a priority policy, and swap as the other way back.
+
+The scheduler keeps order, never memory: the step loop in ``course_lib.simulator`` asks
+it which request to admit next and which one to preempt, and owns the allocator itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from course_lib.validate import check_int
+from course_lib.workload import Request
+
+Policy = Literal["fcfs", "priority"]
+Preemption = Literal["recompute", "swap"]
+
+POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
+PREEMPTION_MODES: tuple[Preemption, ...] = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The serving knobs. Defaults reproduce the source guide's simulation.
+
+    * ``policy``: ``"fcfs"`` preempts the most recently admitted running request;
+      ``"priority"`` the lowest-priority one (larger number = lower), ties broken by the
+      latest arrival, and admits waiting requests in priority order.
+    * ``preemption``: ``"recompute"`` drops the victim's blocks and prefills its prompt
+      plus the tokens generated so far again on resumption; ``"swap"`` copies its blocks to
+      CPU swap space and back, falling back to recompute when swap space is full.
+    * ``max_num_seqs``: most requests running in one step (None: no limit).
+    * ``max_num_batched_tokens``: most tokens one step processes, one per decoding request
+      plus every prefilled token (None: no limit). Without chunked prefill, which the
+      simulator does not model, it must be at least the longest allowed request (vLLM
+      enforces the same), or a long prompt could never start.
+    * ``swap_space_blocks``: CPU swap space in blocks (None: as many as the GPU pool, the
+      bound the vLLM paper uses).
+    """
+
+    policy: Policy = "fcfs"
+    preemption: Preemption = "recompute"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    swap_space_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; expected one of "
+                             f"{', '.join(POLICIES)}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"unknown preemption mode {self.preemption!r}; expected one of "
+                             f"{', '.join(PREEMPTION_MODES)}")
+        for name, minimum in (("max_num_seqs", 1), ("max_num_batched_tokens", 1),
+                              ("swap_space_blocks", 0)):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum)
+
+    def check_max_len(self, max_len: int) -> None:
+        """Raise if a request of ``max_len`` tokens could never be prefilled in one step."""
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < max_len:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                             f"max_len={max_len}; without chunked prefill a long prompt "
+                             f"could never start")
+
+
+class SwapSpace:
+    """CPU memory for swapped-out blocks, counted in blocks."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        """Empty swap space holding at most ``capacity_blocks`` blocks."""
+        self.capacity_blocks = check_int("capacity_blocks", capacity_blocks, 0)
+        self._held: dict[int, int] = {}
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks currently swapped out."""
+        return sum(self._held.values())
+
+    def holds(self, request_id: int) -> bool:
+        """Whether ``request_id``'s blocks are in swap space."""
+        return request_id in self._held
+
+    def swap_out(self, request_id: int, num_blocks: int) -> bool:
+        """Take ``num_blocks`` of ``request_id`` if they fit; False (nothing kept) if not."""
+        if request_id in self._held:
+            raise ValueError(f"request {request_id} is already swapped out")
+        check_int("num_blocks", num_blocks, 1)
+        if self.used_blocks + num_blocks > self.capacity_blocks:
+            return False
+        self._held[request_id] = num_blocks
+        return True
+
+    def swap_in(self, request_id: int) -> int:
+        """Release ``request_id``'s blocks from swap space and return how many there were."""
+        try:
+            return self._held.pop(request_id)
+        except KeyError:
+            raise ValueError(f"request {request_id} is not swapped out") from None
+
+
+class Scheduler:
+    """The waiting queue and the running set, in the order the policy needs them.
+
+    Requests are referred to by their index in the trace given to the constructor. The
+    running set keeps admission order (oldest first), which is also the order in which
+    running requests claim new blocks in a step.
+    """
+
+    def __init__(self, config: SchedulerConfig, requests: Sequence[Request]) -> None:
+        """Empty queues for ``requests`` under ``config``."""
+        self.config = config
+        self._keys = [(r.priority, r.arrival, i) for i, r in enumerate(requests)]
+        self._fifo: deque[int] = deque()
+        self._heap: list[tuple[int, int, int]] = []
+        self._victims: list[tuple[int, int, int]] = []
+        self.running: dict[int, None] = {}
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting."""
+        return len(self._heap) if self.config.policy == "priority" else len(self._fifo)
+
+    def arrive(self, index: int) -> None:
+        """A new request joins the back of the waiting queue (priority order under
+        ``"priority"``)."""
+        if self.config.policy == "priority":
+            heapq.heappush(self._heap, self._keys[index])
+        else:
+            self._fifo.append(index)
+
+    def requeue(self, index: int) -> None:
+        """A preempted request goes back to the front of the waiting queue (under
+        ``"priority"``, back into priority order)."""
+        if self.config.policy == "priority":
+            heapq.heappush(self._heap, self._keys[index])
+        else:
+            self._fifo.appendleft(index)
+
+    def next_waiting(self) -> int | None:
+        """The request admission considers next, or None."""
+        if self.config.policy == "priority":
+            return self._heap[0][2] if self._heap else None
+        return self._fifo[0] if self._fifo else None
+
+    def admits(self, prefill_tokens: int, step_tokens: int) -> bool:
+        """Whether the limits allow one more request, which prefills ``prefill_tokens``,
+        into a step that already processes ``step_tokens``."""
+        config = self.config
+        if config.max_num_seqs is not None and len(self.running) >= config.max_num_seqs:
+            return False
+        return (config.max_num_batched_tokens is None
+                or step_tokens + prefill_tokens <= config.max_num_batched_tokens)
+
+    def admit_next(self) -> int:
+        """Move the next waiting request to the running set and return it."""
+        if self.config.policy == "priority":
+            index = heapq.heappop(self._heap)[2]
+            priority, arrival, _ = self._keys[index]
+            heapq.heappush(self._victims, (-priority, -arrival, -index))
+        else:
+            index = self._fifo.popleft()
+        self.running[index] = None
+        return index
+
+    # --- running ---------------------------------------------------------------------------
+
+    def victim(self) -> int:
+        """The running request to preempt: the newest under ``"fcfs"``; under
+        ``"priority"`` the lowest priority, latest arrival (then latest in the trace)."""
+        if not self.running:
+            raise ValueError("no running request to preempt")
+        if self.config.policy == "fcfs":
+            return next(reversed(self.running))
+        while -self._victims[0][2] not in self.running:  # drop finished or preempted ones
+            heapq.heappop(self._victims)
+        return -self._victims[0][2]
+
+    def stop(self, index: int) -> None:
+        """Remove a finished or preempted request from the running set."""
+        del self.running[index]

@@ -1,0 +1,490 @@
+"""The course's pictures: SVG structure, determinism, timelines driven like a user would.
+
+Widgets are driven headlessly by setting ``.value`` (what a slider move does), then the
+drawn HTML is read back through the same ids and classes a browser test uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+import xml.etree.ElementTree as ET
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import pytest
+
+from course_lib.kv_math import MODELS
+from course_lib.snapshot import BlockView, PoolSnapshot
+from course_lib.viz import (
+    ArenaFrame,
+    CapacityCalculator,
+    Reservation,
+    SvgPicture,
+    Timeline,
+    arena_stats,
+    arena_timeline,
+    arena_view,
+    plot_concurrency_vs_context,
+    pool_stats,
+    pool_timeline,
+    pool_view,
+    show_source,
+)
+from course_lib.viz.palette import OWNER_COLORS, owner_colors
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+SVG = "{http://www.w3.org/2000/svg}"
+COW_RED = pool_view.EVENT_STYLES["cow-copy"].stroke
+
+
+def small_pool(label: str = "after fork", b_owner: str = "B") -> PoolSnapshot:
+    """Null block, a block shared by A and B, a copy-on-write copy, a cached free block."""
+    blocks = (
+        BlockView(0, is_null=True),
+        BlockView(1, 16, ("A", b_owner), 2, cached_hash="a1" * 32),
+        BlockView(2, 4, ("A",), 1),
+        BlockView(3, 4, (b_owner,), 1, event="cow-copy"),
+        BlockView(4, 0),
+        BlockView(5, 16, (), 0, cached_hash="b2" * 32),
+    )
+    return PoolSnapshot(16, blocks, {"A": (1, 2), b_owner: (1, 3)},
+                        {"A": 20, b_owner: 20}, label=label)
+
+
+@functools.cache
+def big_pool(used_every: int = 2) -> PoolSnapshot:
+    """30,720 blocks, the guide's 60 GiB pool, with every ``used_every``-th block in use."""
+    blocks = [BlockView(0, is_null=True)]
+    blocks += [
+        BlockView(i, 16, (f"r{i // 64}",), 1) if i % used_every == 0 else BlockView(i)
+        for i in range(1, 30_720)
+    ]
+    tables: dict[str, tuple[int, ...]] = {}
+    for block in blocks[1:]:
+        for owner in block.owners:
+            tables.setdefault(owner, ())
+            tables[owner] += (block.block_id,)
+    return PoolSnapshot(16, tuple(blocks), tables, label=f"every {used_every}")
+
+
+def parse(svg: str) -> ET.Element:
+    """The SVG as an element tree (also proves it is well-formed XML)."""
+    return ET.fromstring(svg)
+
+
+def with_class(root: ET.Element, tag: str, cls: str) -> list[ET.Element]:
+    """Elements ``tag`` whose class list contains ``cls``."""
+    return [e for e in root.iter(f"{SVG}{tag}") if cls in e.get("class", "").split()]
+
+
+def block_cell(root: ET.Element, block_id: int) -> ET.Element:
+    """The ``g.block`` drawing one block."""
+    (cell,) = [g for g in with_class(root, "g", "block") if g.get("data-block") == str(block_id)]
+    return cell
+
+
+def find_widget(box: widgets.Widget, cls: str) -> widgets.Widget:
+    """The widget inside ``box`` carrying DOM class ``cls`` (what a browser test targets)."""
+    if cls in getattr(box, "_dom_classes", ()):
+        return box
+    for child in getattr(box, "children", ()):
+        try:
+            return find_widget(child, cls)
+        except LookupError:
+            continue
+    raise LookupError(cls)
+
+
+def data_step(html: str) -> str:
+    return re.search(r'data-step="(\d+)"', html).group(1)
+
+
+def stats_text(html: str, dom_id: str) -> str:
+    return re.search(rf'id="{dom_id}-stats"[^>]*>(.*?)</text>', html).group(1)
+
+
+# --- block pool: structure -----------------------------------------------------------
+
+
+def test_pool_svg_draws_every_block_with_its_marks() -> None:
+    root = parse(pool_view.render_svg(small_pool()))
+    assert len(with_class(root, "g", "block")) == 6
+    null = block_cell(root, 0)
+    assert "null" in null.get("class").split()
+    shared = block_cell(root, 1)
+    assert {"shared", "cached"} <= set(shared.get("class").split())
+    assert [t.text for t in with_class(shared, "text", "refs")] == ["×2"]
+    cow = block_cell(root, 3)
+    assert "cow-copy" in cow.get("class").split()
+    assert [r.get("stroke") for r in with_class(cow, "rect", "event")] == [COW_RED]
+    assert "free" in block_cell(root, 5).get("class").split()
+    assert not with_class(block_cell(root, 4), "rect", "fill")
+
+
+def test_pool_svg_fill_shows_tokens_and_owner_colours() -> None:
+    root = parse(pool_view.render_svg(small_pool()))
+    colors = owner_colors(["A", "B"])
+    full = with_class(block_cell(root, 1), "rect", "fill")
+    assert [r.get("fill") for r in full] == [colors["A"], colors["B"]]  # striped by owner
+    background = block_cell(root, 2).find(f"{SVG}rect")
+    (quarter,) = with_class(block_cell(root, 2), "rect", "fill")
+    assert quarter.get("fill") == colors["A"]
+    assert float(quarter.get("height")) == pytest.approx(float(background.get("height")) / 4,
+                                                         abs=0.01)
+
+
+def test_pool_stats_line_and_attributes() -> None:
+    stats = pool_stats(small_pool())
+    assert (stats.usable, stats.used, stats.free, stats.shared, stats.cached) == (5, 3, 2, 1, 2)
+    assert stats.utilization == pytest.approx(24 / 48)
+    root = parse(pool_view.render_svg(small_pool()))
+    (line,) = [t for t in root.iter(f"{SVG}text") if t.get("id") == "pool-stats"]
+    assert line.get("data-used") == "3" and line.get("data-free") == "2"
+    assert line.text.startswith("in use 3 of 5 blocks (60.0%)")
+
+
+def test_pool_svg_is_deterministic_and_address_free() -> None:
+    first = pool_view.render_svg(small_pool(), request="A", hash_chain=True)
+    assert first == pool_view.render_svg(small_pool(), request="A", hash_chain=True)
+    assert not re.search(r"0x[0-9a-f]{6,}", first)
+    picture = pool_timeline([small_pool()]).at(0)
+    assert isinstance(picture, SvgPicture)
+    assert picture._repr_svg_() == pool_timeline([small_pool()]).at(0).svg
+    assert repr(picture).startswith("pool step 0 of 0: after fork: in use 3")
+
+
+def test_picture_saves_its_svg(tmp_path) -> None:
+    picture = pool_timeline([small_pool()]).at(0)
+    assert picture.save(tmp_path / "pool.svg").read_text(encoding="utf-8") == picture.svg
+
+
+def test_block_table_and_hash_chain_of_a_request() -> None:
+    root = parse(pool_view.render_svg(small_pool(), request="B", hash_chain=True))
+    (table,) = [g for g in root.iter(f"{SVG}g") if g.get("id") == "pool-table"]
+    assert table.get("data-request") == "B"
+    cells = with_class(table, "rect", "table-cell")
+    assert [(c.get("data-logical"), c.get("data-block")) for c in cells] == [("0", "1"),
+                                                                              ("1", "3")]
+    assert cells[1].get("stroke") == COW_RED
+    assert len(with_class(root, "g", "hash-chain")) == 1
+    assert block_cell(root, 2).get("opacity") is not None  # A's private block is dimmed
+    assert block_cell(root, 3).get("opacity") is None
+
+
+def test_long_block_table_is_elided_not_overflowing() -> None:
+    blocks = (BlockView(0, is_null=True),
+              *(BlockView(i, 16, ("A",), 1) for i in range(1, 101)))
+    snap = PoolSnapshot(16, blocks, {"A": tuple(range(1, 101))}, {"A": 1600})
+    root = parse(pool_view.render_svg(snap, request="A"))
+    cells = with_class(root, "rect", "table-cell")
+    assert len(cells) < 100 and cells[-1].get("data-logical") == "99"
+    assert all(float(c.get("x")) + float(c.get("width")) <= 900 for c in cells)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"request": "Z"}, "'Z'"),
+        ({"window": (4, 99)}, "(4, 99)"),
+        ({"window": (3, 3)}, "(3, 3)"),
+        ({"max_cells": 0}, "0"),
+        ({"palette": {"A": "#000000"}}, "'B'"),
+    ],
+)
+def test_pool_bad_arguments_name_the_value(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        pool_view.render_svg(small_pool(), **kwargs)
+
+
+def test_pool_rejects_impossible_snapshots() -> None:
+    with pytest.raises(ValueError, match="no blocks"):
+        pool_view.render_svg(PoolSnapshot(16, ()))
+    with pytest.raises(ValueError, match="block 1 holds 17 tokens"):
+        pool_view.render_svg(PoolSnapshot(16, (BlockView(1, 17, ("A",), 1),)))
+    dangling = PoolSnapshot(16, (BlockView(0, is_null=True),), {"A": (7,)})
+    with pytest.raises(ValueError, match="names block 7"):
+        pool_view.render_svg(dangling, request="A")
+
+
+# --- block pool: 30,720 blocks --------------------------------------------------------
+
+
+def test_30720_block_pool_is_aggregated_and_fast() -> None:
+    snap = big_pool()
+    pool_view.render_svg(snap)  # warm-up
+    timings = []
+    for _ in range(3):
+        start = time.perf_counter()
+        svg = pool_view.render_svg(snap)
+        timings.append(time.perf_counter() - start)
+    print(f"\n30,720-block frame rendered in {min(timings) * 1000:.1f} ms (best of 3)")
+    assert min(timings) < 0.5
+    runs = with_class(parse(svg), "rect", "run")
+    assert len(runs) <= pool_view.MAX_CELLS
+    assert runs[0].get("data-first") == "0" and runs[-1].get("data-last") == "30719"
+    assert sum(int(r.get("data-used")) for r in runs) == pool_stats(snap).used == 15_359
+    assert len(svg) < 150_000
+
+
+def test_window_zooms_into_a_large_pool_in_detail() -> None:
+    root = parse(pool_view.render_svg(big_pool(), window=(1024, 1536)))
+    cells = with_class(root, "g", "block")
+    assert [c.get("data-block") for c in (cells[0], cells[-1])] == ["1024", "1535"]
+
+
+# --- timelines and widgets ------------------------------------------------------------
+
+
+def pool_frames() -> list[PoolSnapshot]:
+    return [small_pool("step 0", b_owner="B"), small_pool("step 1", b_owner="C"),
+            small_pool("step 2", b_owner="B")]
+
+
+def test_timeline_rejects_empty_and_out_of_range() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        pool_timeline([])
+    with pytest.raises(ValueError, match="empty"):
+        arena_timeline([])
+    timeline = pool_timeline(pool_frames())
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            timeline.at(bad)
+    with pytest.raises(ValueError, match="'Pool'"):
+        Timeline(pool_frames(), lambda f, dom_id: "", name="Pool", describe=str)
+
+
+def test_timeline_static_form_is_the_chosen_step() -> None:
+    timeline = pool_timeline(pool_frames(), step=1)
+    assert timeline._repr_svg_() == timeline.svg(1)
+    assert "step 1" in repr(timeline)
+    assert pool_timeline(pool_frames()).step == 2
+
+
+def test_pool_widget_slider_redraws_the_frame() -> None:
+    box = pool_timeline(pool_frames()).widget()
+    slider = find_widget(box, "pool-slider")
+    play = find_widget(box, "pool-play")
+    frame = find_widget(box, "pool-frame")
+    assert isinstance(slider, widgets.IntSlider) and isinstance(play, widgets.Play)
+    assert (play.min, play.max, slider.min, slider.max) == (0, 2, 0, 2)
+    assert data_step(frame.value) == "2" and 'id="pool-view"' in frame.value
+    colors = owner_colors(["A", "B", "C"])
+    fill_of_block_3 = re.compile(r'data-block="3".*?class="fill" fill="(#[0-9a-f]{6})"')
+    assert fill_of_block_3.search(frame.value).group(1) == colors["B"]
+    slider.value = 1
+    assert data_step(frame.value) == "1"
+    assert fill_of_block_3.search(frame.value).group(1) == colors["C"]
+    assert "C · 2 blocks" in frame.value
+    assert stats_text(frame.value, "pool").startswith("in use 3 of 5 blocks")
+    assert repr(box).startswith("pool step 1 of 2")
+
+
+def test_pool_widget_request_and_hash_chain_controls() -> None:
+    box = pool_timeline(pool_frames()).widget()
+    frame = find_widget(box, "pool-frame")
+    request = find_widget(box, "pool-request")
+    assert [value for _, value in request.options] == ["", "A", "B", "C"]
+    assert 'id="pool-table"' not in frame.value
+    request.value = "C"  # absent at step 2: says so instead of failing
+    assert "C holds no blocks at this step" in frame.value
+    request.value = "A"
+    find_widget(box, "pool-hash-chain").value = True
+    assert 'data-request="A"' in frame.value and 'class="hash-chain"' in frame.value
+    with pytest.raises(LookupError):
+        find_widget(box, "pool-window")  # small pools need no window chooser
+
+
+def test_large_pool_widget_offers_windows() -> None:
+    box = pool_timeline([big_pool(2), big_pool(3)]).widget()
+    frame = find_widget(box, "pool-frame")
+    window = find_widget(box, "pool-window")
+    assert 'class="run' in frame.value
+    window.value = window.options[1][1]
+    assert 'class="block' in frame.value and 'class="run' not in frame.value
+    find_widget(box, "pool-slider").value = 0
+    assert data_step(frame.value) == "0"
+
+
+# --- arena --------------------------------------------------------------------------
+
+
+def blocked_arena(label: str = "exact-size") -> ArenaFrame:
+    """Free 15 slots in gaps of 4, 5, 4 and 2: the next request (8) fits in none."""
+    return ArenaFrame(100, (
+        Reservation("C", 58, 25, 5, 25),
+        Reservation("A", 0, 30, 20, 30),
+        Reservation("B", 34, 20, 20, 20),
+        Reservation("D", 88, 10, 10, 10),
+    ), next_request=8, label=label)
+
+
+def test_arena_frame_derives_gaps_and_stats() -> None:
+    frame = blocked_arena()
+    assert [r.request_id for r in frame.reservations] == ["A", "B", "C", "D"]
+    assert frame.gaps == ((30, 4), (54, 4), (83, 5), (98, 2))
+    stats = arena_stats(frame)
+    assert (stats.written, stats.pending, stats.internal, stats.free) == (55, 30, 0, 15)
+    assert stats.blocked and stats.stranded == 15 and stats.largest_gap == 5
+    reserve_max = ArenaFrame(64, (Reservation("A", 0, 32, 10, 20),), next_request=32)
+    assert arena_stats(reserve_max).internal == 12
+    assert not arena_stats(reserve_max).blocked and arena_stats(reserve_max).stranded == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: ArenaFrame(0, ()), "0"),
+        (lambda: ArenaFrame(10, (Reservation("A", 0, 6, 0, 6), Reservation("B", 5, 2, 0, 2))),
+         "'A' and 'B'"),
+        (lambda: ArenaFrame(10, (Reservation("A", 8, 6, 0, 6),)), "'A'"),
+        (lambda: Reservation("A", 0, 6, 7, 6), "written=7"),
+        (lambda: ArenaFrame(10, (), next_request=0), "0"),
+        (lambda: arena_view.render_svg(blocked_arena(), rows=0), "0"),
+    ],
+)
+def test_arena_bad_inputs_name_the_value(make, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        make()
+
+
+def test_arena_svg_draws_kinds_and_stranded_gaps() -> None:
+    svg = arena_view.render_svg(blocked_arena())
+    assert svg == arena_view.render_svg(blocked_arena())
+    root = parse(svg)
+    assert len(with_class(root, "rect", "stranded")) == 4
+    assert {r.get("data-request") for r in with_class(root, "rect", "written")} == set("ABCD")
+    assert {r.get("data-request") for r in with_class(root, "rect", "pending")} == {"A", "C"}
+    (line,) = [t for t in root.iter(f"{SVG}text") if t.get("id") == "arena-stats"]
+    assert line.get("data-blocked") == "true"
+    assert "no gap fits, though 15 slots are free" in "".join(line.itertext())
+
+
+def test_arena_wraps_rows_and_splits_reservations() -> None:
+    frame = ArenaFrame(491_520, (Reservation("A", 61_000, 8_192, 100, 900),), next_request=8192)
+    root = parse(arena_view.render_svg(frame))
+    assert len(with_class(root, "rect", "internal")) == 1
+    outlines = with_class(root, "rect", "outline")
+    assert len(outlines) == 2  # 61,000..69,192 crosses the row boundary at 61,440
+
+
+def test_arena_widget_uses_the_shared_timeline() -> None:
+    frames = [blocked_arena("one"), ArenaFrame(100, (Reservation("A", 0, 30, 30, 30),),
+                                               label="two")]
+    timeline = arena_timeline(frames)
+    assert isinstance(timeline, Timeline)
+    box = timeline.widget()
+    frame = find_widget(box, "arena-frame")
+    assert data_step(frame.value) == "1" and 'id="arena-view"' in frame.value
+    find_widget(box, "arena-slider").value = 0
+    assert data_step(frame.value) == "0"
+    assert "no gap fits" in frame.value
+    colors = owner_colors("ABCD")
+    assert f'class="written" data-request="A" fill="{colors["A"]}"' in frame.value
+
+
+# --- capacity calculator ------------------------------------------------------------
+
+
+def test_capacity_numbers_for_the_guides_model() -> None:
+    calc = CapacityCalculator("guide-8kv", dtype="fp16", budget_gib=60, block_size=16,
+                              max_len=8192)
+    n = calc.numbers
+    assert (n.bytes_per_token, n.blocks, n.tokens, n.max_requests) == (131_072, 30_720,
+                                                                        491_520, 60)
+    html = calc.numbers_html()
+    for attribute in ('id="capacity-numbers"', 'data-bytes-per-token="131072"',
+                      'data-blocks="30720"', 'data-tokens="491520"', 'data-max-requests="60"'):
+        assert attribute in html
+    assert '<td data-key="request_bytes" style="text-align:right;font-weight:600">1 GiB' in html
+    assert repr(calc).endswith("131,072 B/token · 30,720 blocks · 491,520 tokens · 60 requests")
+
+
+def test_capacity_static_figure_is_deterministic_and_leaves_no_figures() -> None:
+    before = plt.get_fignums()
+    svg = CapacityCalculator()._repr_svg_()
+    assert svg.startswith("<svg") and svg == CapacityCalculator()._repr_svg_()
+    assert "30,720" in svg and "Matplotlib v" not in svg
+    assert plt.get_fignums() == before
+
+
+def test_capacity_figure_is_a_pyplot_figure_for_plt_show() -> None:
+    fig = CapacityCalculator("opt-13b", budget_gib=14, max_len=2048).figure()
+    try:
+        assert plt.fignum_exists(fig.number)
+        assert "opt-13b (800 KiB/token): 8 at 2K" in [t.get_text() for t in
+                                                      fig.axes[0].get_legend().get_texts()]
+    finally:
+        plt.close(fig)
+
+
+def test_capacity_widget_updates_numbers() -> None:
+    before = plt.get_fignums()
+    box = CapacityCalculator().widget()
+    numbers = find_widget(box, "capacity-numbers-box")
+    assert 'data-max-requests="60"' in numbers.value
+    find_widget(box, "capacity-max-len").value = 2048
+    assert 'data-max-requests="240"' in numbers.value
+    find_widget(box, "capacity-model").value = "opt-13b"
+    assert find_widget(box, "capacity-layers").value == 40
+    assert 'data-bytes-per-token="819200"' in numbers.value
+    find_widget(box, "capacity-layers").value = 20
+    assert find_widget(box, "capacity-model").value == "custom"
+    assert 'data-bytes-per-token="409600"' in numbers.value
+    assert find_widget(box, "capacity-figure").value.startswith('<img alt="custom, fp16')
+    assert repr(box).startswith("capacity calculator: custom, fp16, 60 GiB")
+    assert plt.get_fignums() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"budget_gib": 0}, "budget_gib"),
+        ({"budget_gib": float("nan")}, "nan"),
+        ({"dtype": "fp12"}, "'fp12'"),
+        ({"block_size": 0}, "block_size"),
+        ({"max_len": -1}, "max_len"),
+        ({"model": "gpt-9"}, "'gpt-9'"),
+    ],
+)
+def test_capacity_bad_inputs_name_the_value(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        CapacityCalculator(**kwargs)
+
+
+def test_concurrency_plot_returns_the_figure() -> None:
+    fig = plot_concurrency_vs_context(["opt-13b", MODELS["llama-3-8b"]], mark=2048)
+    try:
+        ax = fig.axes[0]
+        assert [line.get_label() for line in ax.get_lines() if not
+                line.get_label().startswith("_")] == [
+            "opt-13b (800 KiB/token): 38 at 2K", "llama-3-8b (128 KiB/token): 240 at 2K"]
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match="empty"):
+        plot_concurrency_vs_context([])
+
+
+# --- palette and source -----------------------------------------------------------------
+
+
+def test_palette_is_natural_order_and_cycles() -> None:
+    colors = owner_colors(["r10", "r2", "r1"])
+    assert list(colors) == ["r1", "r2", "r10"]
+    assert list(colors.values()) == list(OWNER_COLORS[:3])
+    many = owner_colors(f"r{i}" for i in range(len(OWNER_COLORS) + 1))
+    assert many[f"r{len(OWNER_COLORS)}"] == OWNER_COLORS[0]
+
+
+def test_show_source_renders_library_code() -> None:
+    view = show_source(pool_view.pool_stats)
+    assert view.caption == "course_lib/viz/pool_view.py · pool_stats"
+    assert repr(view).startswith("# course_lib/viz/pool_view.py · pool_stats\ndef pool_stats(")
+    html = view._repr_html_()
+    assert 'class="course-source"' in html and "<span" in html and "pool_stats" in html
+    method = show_source(CapacityCalculator.numbers_html)
+    assert method.code.startswith("def numbers_html(")
+    with pytest.raises(ValueError, match="len"):
+        show_source(len)
