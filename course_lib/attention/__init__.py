@@ -1,0 +1,48 @@
+"""Attention over a paged KV cache: torch references and a Triton decode kernel.
+
+Importing this package first decides where the kernels run (``KERNEL_MODE``): on a CUDA GPU,
+or, on a machine without one, under the Triton interpreter, which is switched on here
+*before* any kernel is defined because Triton reads ``TRITON_INTERPRET`` at decoration
+time. Without Triton (it is Linux-only) the references still work and the kernel functions
+raise ``KernelsUnavailable``.
+"""
+
+from course_lib.attention.backend import (
+    KERNEL_MODE,
+    KernelMode,
+    KernelsUnavailable,
+    describe_kernel_mode,
+    kernel_device,
+)
+from course_lib.attention.canary import KernelCanaryError, run_canary
+from course_lib.attention.paged_decode import (
+    LaunchConfig,
+    choose_num_splits,
+    launch_config,
+    paged_attention_decode,
+)
+from course_lib.attention.reference import (
+    gather_paged_kv,
+    paged_attention_reference,
+    reference_attention,
+)
+from course_lib.attention.validation import PagedShape, check_paged_inputs
+
+__all__ = [
+    "KERNEL_MODE",
+    "KernelCanaryError",
+    "KernelMode",
+    "KernelsUnavailable",
+    "LaunchConfig",
+    "PagedShape",
+    "check_paged_inputs",
+    "choose_num_splits",
+    "describe_kernel_mode",
+    "gather_paged_kv",
+    "kernel_device",
+    "launch_config",
+    "paged_attention_decode",
+    "paged_attention_reference",
+    "reference_attention",
+    "run_canary",
+]
