@@ -72,6 +72,17 @@ class SchedulerConfig:
                              f"could never start")
 
 
+def tokens_to_recompute(length: int, cached_blocks: int, block_size: int) -> int:
+    """Tokens a request resumed by recompute at ``length`` tokens (prompt plus what it had
+    generated) prefills again when the prefix cache still holds its first ``cached_blocks``
+    blocks. Cached full blocks are reused, but at least the last token is always computed
+    (vLLM's rule), so the cache covers at most ``(length - 1) // block_size`` blocks."""
+    check_int("length", length, 1)
+    check_int("cached_blocks", cached_blocks, 0)
+    check_int("block_size", block_size, 1)
+    return length - min(cached_blocks, (length - 1) // block_size) * block_size
+
+
 class SwapSpace:
     """CPU memory for swapped-out blocks, counted in blocks."""
 

@@ -102,7 +102,11 @@ def cow_demo(
 
 @dataclass(frozen=True)
 class PrefixDemo:
-    """Many chats behind one system prompt, with automatic prefix caching."""
+    """Many chats behind one system prompt, with automatic prefix caching.
+
+    ``shared_blocks`` are blocks held by more than one chat; ``shareable_tokens`` are the
+    prompt tokens in full blocks (the only ones a cache can hold).
+    """
 
     prompt_tokens: int
     requests: int
@@ -143,6 +147,9 @@ def system_prompt_sharing(
         manager.add_sequence(f"chat-{index}", token_ids=prompt)
     pool = manager.pool
     stats = manager.stats()
+    # Later chats recompute a block-aligned prompt's last block (at least one prompt token is
+    # always computed) and cache it again under the same hash: count each hash once.
+    cached_hashes = {pool.block_hash(b) for b in range(1, pool.num_blocks)} - {None}
     return PrefixDemo(
         prompt_tokens=prompt_tokens,
         requests=requests,
@@ -150,7 +157,7 @@ def system_prompt_sharing(
         blocks_with_sharing=pool.num_used,
         blocks_without_sharing=requests * per_request,
         shared_blocks=sum(1 for b in range(1, pool.num_blocks) if pool.ref_count(b) > 1),
-        shareable_tokens=pool.num_cached * block_size,
+        shareable_tokens=len(cached_hashes) * block_size,
         hit_rate=stats.hit_rate,
         tokens_not_recomputed=stats.tokens_not_recomputed,
     )

@@ -19,12 +19,24 @@ request writes one token; prefill is free (admitting a request adds no step). In
 The loop is event-driven: a request costs work only when it is admitted, crosses a block
 boundary, is preempted or finishes, never per token. A step that holds no event costs a few
 additions, so 3,000 chats take a fraction of a second.
+
+Prefix caching (``SimConfig(prefix_caching=True)``, off by default) changes one thing: a
+request preempted for recompute leaves its full blocks in the pool with their hashes
+(``course_lib.prefix_cache``), last block first in the free queue, so the pool evicts its
+tail first. When it resumes it takes back the leading blocks nobody has reused since
+(always computing at least its last token, as vLLM does) and recomputes only the rest.
+The simulator knows lengths, not token ids, so a block's hash chains the request's id (the
+first block's cache salt) and the block's index: only the request itself can find its
+blocks, and running requests never share one (sharing is chapter 04's
+``PrefixCachingKVManager``). Admission is unchanged (a cached free block is still a free
+block), so the schedule changes only where a token budget or a time cost sees the tokens
+no longer prefilled.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -33,9 +45,10 @@ from tqdm.auto import tqdm
 
 from course_lib.kv_math import GIB, MODELS
 from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks
-from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace
+from course_lib.prefix_cache import BlockHash, PrefixCachingBlockPool, hash_block_tokens
+from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, tokens_to_recompute
 from course_lib.slab import FITS, Fit, SlabAllocator
-from course_lib.snapshot import BlockView, PoolSnapshot
+from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
 from course_lib.validate import check_int, check_non_negative_number, check_positive_number
 from course_lib.workload import Request, validate_trace
 
@@ -114,7 +127,9 @@ class SimConfig:
     reserved null block). Requests longer than ``max_len`` are rejected. Defaults: the
     source guide's 60 GiB and its made-up model (32 layers, 8 KV heads, head size 128,
     fp16: 128 KiB per token), blocks of 16, requests up to 8,192 tokens, its minimal
-    scheduler (FCFS, recompute, no limits) and its flat 25 ms step.
+    scheduler (FCFS, recompute, no limits) and its flat 25 ms step. ``prefix_caching``
+    (paged only, off by default) lets a request resumed by recompute reuse its blocks
+    still cached (see the module's docstring).
     """
 
     allocator: Allocator = "paged"
@@ -125,6 +140,7 @@ class SimConfig:
     fit: Fit = "first"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     costs: CostModel = field(default_factory=CostModel)
+    prefix_caching: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
@@ -138,6 +154,11 @@ class SimConfig:
             raise ValueError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
         if not isinstance(self.costs, CostModel):
             raise ValueError(f"costs must be a CostModel, got {self.costs!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
+        if self.prefix_caching and self.allocator != "paged":
+            raise ValueError(f"prefix caching needs the paged allocator, got "
+                             f"allocator={self.allocator!r}")
         self.scheduler.check_max_len(self.max_len)
         if self.allocator == "paged" and self.num_blocks < 2:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds {self.num_blocks} "
@@ -162,7 +183,9 @@ class Event:
 
     ``length`` is the request's KV length when it happened (for ``admit``, before the
     step's token). ``where`` is ``(start, size)`` of a slab, the block ids an admission
-    took, or the one block a ``grow`` took.
+    took, or the one block a ``grow`` took. ``cached`` (prefix caching only) counts, for
+    an admission, the leading blocks of ``where`` found in the prefix cache and, for a
+    preemption, the leading blocks of the request's table left there with their hashes.
     """
 
     step: int
@@ -170,6 +193,7 @@ class Event:
     request: int
     length: int
     where: tuple[int, ...] = ()
+    cached: int = field(default=0, repr=False)
 
 
 @dataclass(frozen=True)
@@ -214,6 +238,7 @@ METRICS: dict[str, str] = {
     "preempted_requests": "requests pushed out at least once",
     "recomputed_tokens": "tokens prefilled again when a preempted request resumed",
     "recomputed_share": "recomputed / (prompt + output + recomputed tokens)",
+    "reused_tokens": "prefix caching only: tokens a resumed request found still cached",
     "swapped_bytes": "bytes copied to and from CPU swap space",
     "seconds": "simulated time under the cost model",
     "cost_per_million_tokens": "money per million output tokens at the cost model's price",
@@ -225,7 +250,8 @@ METRICS: dict[str, str] = {
     "avg_stall": "seconds a preempted request spent waiting to resume, on average",
 }
 """What each metric of :class:`SimResult` means. Shares are of ``kv_tokens``, the slots
-requests may use (the paged pool's null block excluded)."""
+requests may use (the paged pool's null block excluded). ``reused_tokens`` is reported
+(in :meth:`SimResult.as_dict` and the command line) only for runs with prefix caching."""
 
 
 @dataclass(frozen=True)
@@ -269,10 +295,14 @@ class SimResult:
     rejections: dict[int, str] = field(repr=False)
     trace: tuple[Request, ...] = field(repr=False)
     timeline: SimTimeline | None = field(default=None, repr=False)
+    reused_tokens: int = field(default=0, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        """The metrics as plain JSON-ready values (no config, trace or timeline)."""
+        """The metrics as plain JSON-ready values (no config, trace or timeline);
+        ``reused_tokens`` only when the run had prefix caching on."""
         skip = {"config", "rejections", "trace", "timeline"}
+        if not self.config.prefix_caching:
+            skip.add("reused_tokens")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def _events_until(self, step: int) -> tuple[Event, ...]:
@@ -306,28 +336,41 @@ class SimResult:
         return arena
 
     def pool_at(self, step: int) -> PoolSnapshot:
-        """The paged pool as it was at ``step``'s decode, with each block's fill, owner and
-        what happened to it in that step; paged runs with ``record="full"`` only."""
+        """The paged pool as it was at ``step``'s decode, with each block's fill, owner,
+        prefix-cache hash (prefix caching only) and what happened to it in that step; paged
+        runs with ``record="full"`` only."""
         config = self.config
         if config.allocator != "paged":
             raise ValueError("pool_at is for the paged allocator; use arena_at")
         tables: dict[int, list[int]] = {}
         admitted: dict[int, Event] = {}
-        touched: dict[int, Literal["allocated", "freed"]] = {}
+        touched: dict[int, BlockEvent] = {}
+        cached: dict[int, tuple[int, int]] = {}  # block -> (request, block index) it caches
         for event in self._events_until(step):
             now = event.step == step
             if event.kind == "admit":
                 tables[event.request] = list(event.where)
                 admitted[event.request] = event
+                fresh = event.where[event.cached:]
             elif event.kind == "grow":
                 tables[event.request].extend(event.where)
+                fresh = event.where
             else:
-                for block in tables.pop(event.request):
-                    if now:
-                        touched[block] = "freed"
+                table = tables.pop(event.request)
+                cached.update((block, (event.request, index))
+                              for index, block in enumerate(table[:event.cached]))
+                if now:
+                    touched.update(dict.fromkeys(table, "freed"))
                 continue
+            for block in fresh:
+                cached.pop(block, None)  # handed out again: its hash is evicted
             if now:
-                touched.update(dict.fromkeys(event.where, "allocated"))
+                touched.update(dict.fromkeys(fresh, "allocated"))
+                touched.update(dict.fromkeys(event.where[:len(event.where) - len(fresh)],
+                                             "cache-hit"))
+        hashes: dict[int, list[BlockHash]] = {}
+        for rid, index in cached.values():
+            hashes[rid] = _request_block_hashes(rid, index + 1, hashes.get(rid, ()))
         size = config.block_size
         fill: dict[int, tuple[int, str]] = {}
         lengths = {}
@@ -339,11 +382,25 @@ class SimResult:
         blocks = tuple(
             BlockView(block_id=b, tokens=fill[b][0] if b in fill else 0,
                       owners=(fill[b][1],) if b in fill else (), ref_count=int(b in fill),
+                      cached_hash=(hashes[cached[b][0]][cached[b][1]].hex()
+                                   if b in cached else None),
                       event=touched.get(b), is_null=b == NULL_BLOCK)
             for b in range(config.num_blocks))
         return PoolSnapshot(block_size=size, blocks=blocks,
                             tables={str(r): tuple(t) for r, t in tables.items()},
                             seq_lens=lengths, label=f"step {step}")
+
+
+def _request_block_hashes(request: int, count: int,
+                          known: Sequence[BlockHash] = ()) -> list[BlockHash]:
+    """Hashes of the first ``count`` full blocks of trace request id ``request``, extending
+    ``known``: vLLM's chain (parent hash, the block's tokens, extra keys) with the block's
+    index standing in for its tokens and the request as the first block's cache salt."""
+    hashes = list(known)
+    for index in range(len(hashes), count):
+        salt = (f"simulated request {request}",) if index == 0 else ()
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, (index,), salt))
+    return hashes
 
 
 class _SlabMemory:
@@ -396,11 +453,13 @@ class _PagedMemory:
     """The step loop's view of a paged pool, with the block tables it keeps per request."""
 
     def __init__(self, config: SimConfig) -> None:
-        self.pool = BlockPool(config.num_blocks, config.block_size)
+        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
+        self.pool = pool_type(config.num_blocks, config.block_size)
         self.block_size = config.block_size
         self.usable = config.num_blocks - 1
         self.capacity = self.usable * config.block_size
         self.tables: dict[int, list[int]] = {}
+        self.hashes: dict[int, list[BlockHash]] = {}  # prefix caching: per request
         self.version = 0
 
     def reject_reason(self, final_len: int) -> str | None:
@@ -415,16 +474,40 @@ class _PagedMemory:
         """Slots in blocks held by running requests."""
         return (self.usable - self.pool.num_free) * self.block_size
 
-    def admit(self, index: int, length: int, final_len: int) -> tuple[int, tuple[int, ...]]:
-        """Take blocks for ``length + 1`` tokens: (slots, block ids), or (0, ()) if too few."""
+    def admit(self, index: int, length: int, final_len: int,
+              hit: Sequence[int] = ()) -> tuple[int, tuple[int, ...]]:
+        """Take blocks for ``length + 1`` tokens: (slots, block ids), or (0, ()) if too few.
+        ``hit`` are cached blocks (free, from :meth:`cached_prefix`) to take back first;
+        they count against the free blocks like any other."""
         need = (length + self.block_size) // self.block_size
         if need > self.pool.num_free:
             return 0, ()
         allocate = self.pool.allocate
-        table = [allocate() for _ in range(need)]
+        if hit:
+            self.pool.touch(hit)
+        table = [*hit, *(allocate() for _ in range(need - len(hit)))]
         self.tables[index] = table
         self.version += 1
         return need * self.block_size, tuple(table)
+
+    def cache(self, index: int, request_id: int, length: int) -> int:
+        """Prefix caching, before a preemption: give the request's full blocks (of
+        ``length`` tokens written) their hashes; return how many."""
+        full = length // self.block_size
+        hashes = self.hashes[index] = _request_block_hashes(request_id, full,
+                                                            self.hashes.get(index, ()))
+        table = self.tables[index]
+        for k in range(full):
+            self.pool.cache_block(table[k], hashes[k])
+        return full
+
+    def cached_prefix(self, index: int, length: int) -> list[int]:
+        """Prefix caching: the leading blocks of a request resuming at ``length`` tokens
+        still in the cache, leaving at least its last token to compute."""
+        hashes = self.hashes.get(index)
+        if not hashes:
+            return []
+        return self.pool.longest_cached_prefix(hashes[: (length - 1) // self.block_size])
 
     def grow(self, index: int) -> int:
         """Append one block to the request's table and return its id; 0 (the null block's
@@ -505,6 +588,7 @@ class _Run:
         self.preempted_at = [-1] * n
         self.preemptions = 0
         self.recomputed = 0
+        self.reused = 0  # prefix caching: tokens resumed requests found cached
         self.swapped_bytes = 0
         self.step_swapped = [0, 0]  # blocks and bytes moved in the current step
         self.sum_len = 0
@@ -527,13 +611,15 @@ class _Run:
     # --- events ------------------------------------------------------------------------------
 
     def _log(self, step: int, kind: EventKind, i: int, length: int,
-             where: tuple[int, ...] = ()) -> None:
+             where: tuple[int, ...] = (), cached: int = 0) -> None:
         if self.events is not None:
-            self.events.append(Event(step, kind, self.trace[i].id, length, where))
+            self.events.append(Event(step, kind, self.trace[i].id, length, where, cached))
 
-    def _admit(self, i: int, t: int, length: int) -> bool:
-        """Give request ``i`` memory for ``length + 1`` tokens at step ``t``; False if none."""
-        slots, where = self.memory.admit(i, length, self.final[i])
+    def _admit(self, i: int, t: int, length: int, hit: list[int]) -> bool:
+        """Give request ``i`` memory for ``length + 1`` tokens at step ``t``, taking back the
+        cached blocks ``hit`` first; False if there is not enough."""
+        slots, where = (self.memory.admit(i, length, self.final[i], hit) if hit
+                        else self.memory.admit(i, length, self.final[i]))
         if not slots:
             return False
         self.scheduler.admit_next()
@@ -552,15 +638,18 @@ class _Run:
             self.grow_at.setdefault(grow, []).append(i)
         if self.first_step[i] < 0:
             self.first_step[i] = t
-        self._log(t, "admit", i, length, where)
+        self._log(t, "admit", i, length, where, len(hit))
         return True
 
     def _preempt(self, i: int, t: int) -> None:
         """Push request ``i`` out at step ``t``: free its memory, keep what it generated."""
         length = self.len0[i] + t - self.t0[i]
         self.generated[i] = length - self.prompt[i]
+        cached = 0
         if self.swap is not None and self.swap.swap_out(i, self.slots[i] // self.config.block_size):
             self._count_swap(self.slots[i])
+        elif self.config.prefix_caching:
+            cached = self.memory.cache(i, self.trace[i].id, length)
         self.memory.release(i, length - self.len0[i])
         self.scheduler.stop(i)
         self.scheduler.requeue(i)
@@ -569,7 +658,7 @@ class _Run:
         self.finish[i] = self.next_grow[i] = -1
         self.preemptions += 1
         self.preempted_at[i] = t
-        self._log(t, "preempt", i, length)
+        self._log(t, "preempt", i, length, cached=cached)
 
     def _count_swap(self, slots: int) -> None:
         """Add one transfer of ``slots`` token slots (in either direction) to the step."""
@@ -636,23 +725,41 @@ class _Run:
         prefilled = 0
         while scheduler.num_waiting:
             i = scheduler.next_waiting()
+            resumed = self.preempted_at[i] >= 0
             resumed_by_swap = self.swap is not None and self.swap.holds(i)
             length = self.prompt[i] + self.generated[i]
-            cost = 1 if resumed_by_swap else length
-            if not scheduler.admits(cost, step_tokens) or not self._admit(i, t, length):
+            hit: list[int] = []
+            if self.config.prefix_caching and resumed and not resumed_by_swap:
+                hit = self.memory.cached_prefix(i, length)
+            computed = (tokens_to_recompute(length, len(hit), self.config.block_size)
+                        if hit else length)
+            cost = 1 if resumed_by_swap else computed
+            if not scheduler.admits(cost, step_tokens) or not self._admit(i, t, length, hit):
                 break
             step_tokens += cost
-            if self.preempted_at[i] >= 0:
+            if resumed:
                 self.stalls.append((i, self.preempted_at[i], t))
                 self.preempted_at[i] = -1
                 if resumed_by_swap:
                     self._count_swap(self.swap.swap_in(i) * self.config.block_size)
                 else:
-                    self.recomputed += length
-                    prefilled += length
+                    self.recomputed += computed
+                    self.reused += length - computed
+                    prefilled += computed
             else:
                 prefilled += length
         return prefilled
+
+    def _stuck(self, t: int) -> None:
+        """Raise if step ``t`` runs nothing although a request waits: with nothing running
+        and nothing preempted, the next step would be the same, forever. Rejecting up front
+        the requests that cannot run alone makes this unreachable; it guards the loop."""
+        head = self.scheduler.next_waiting()
+        if head is not None:
+            request = self.trace[head]
+            raise RuntimeError(
+                f"step {t}: request {request.id} ({request.total_len} tokens) waits but cannot "
+                f"be admitted into an idle server; it can never run under {self.config}")
 
     def result(self) -> SimResult:
         """Run every request to completion and gather the metrics."""
@@ -680,6 +787,8 @@ class _Run:
             preempted = self._grow(t)
             prefilled = 0 if preempted else self._admit_waiting(t)
             batch = len(scheduler.running)
+            if not batch and not preempted:
+                self._stuck(t)
             self.sum_len += batch
             acc.step(batch, prefilled, self.preemptions - preemptions_before)
             for i in self.finish_at.pop(t, ()):
@@ -824,4 +933,5 @@ class _Accumulator:
             rejections=dict(run.rejections),
             trace=tuple(trace),
             timeline=timeline,
+            reused_tokens=run.reused,
         )

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from course_lib.kv_math import blocks_needed, paged_utilization
 from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks, PagedKVManager
-from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager
+from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
 
 # --- the pool ---------------------------------------------------------------------------
 
@@ -214,6 +214,36 @@ def test_fork_shares_and_copy_on_write_copies_the_partly_filled_last_block() -> 
     assert manager.pool.num_used == 3
 
 
+def test_golden_trace_of_three_samples_two_copies_and_the_free_order() -> None:
+    """The lecture's trace, computed by hand: block ids, counts and the free queue."""
+    manager = PagedKVManager(BlockPool(10, 4))
+    pool = manager.pool
+    samples = ["s0", "s1", "s2"]
+    manager.add_sequence("p", 6)
+    for name in samples:
+        manager.fork("p", name)
+    assert (pool.ref_count(1), pool.ref_count(2)) == (4, 4)
+    manager.free_sequence("p")
+    assert (pool.ref_count(1), pool.ref_count(2), pool.num_used) == (3, 3, 2)
+    manager.append_tokens("s0")  # copy 2 -> 3
+    assert manager.block_table("s0") == (1, 3) and pool.ref_count(2) == 2
+    manager.append_tokens("s1")  # copy 2 -> 4
+    assert manager.block_table("s1") == (1, 4) and pool.ref_count(2) == 1
+    manager.append_tokens("s2")  # the last holder writes in place
+    assert manager.block_table("s2") == (1, 2) and pool.num_used == 4
+    for name in samples:
+        manager.append_tokens(name)  # fills each last block: nothing allocated
+    assert pool.num_used == 4
+    for name in samples:
+        manager.append_tokens(name)
+    assert [manager.block_table(n) for n in samples] == [(1, 3, 5), (1, 4, 6), (1, 2, 7)]
+    assert [pool.ref_count(b) for b in range(1, 8)] == [3, 1, 1, 1, 1, 1, 1]
+    assert pool.free_blocks() == (8, 9)
+    manager.free_sequence("s1")
+    assert pool.free_blocks() == (8, 9, 6, 4) and pool.ref_count(1) == 2
+    assert [pool.allocate() for _ in range(3)] == [8, 9, 6]
+
+
 def test_fork_with_a_full_last_block_needs_no_copy() -> None:
     manager = PagedKVManager(BlockPool(8, 4))
     manager.add_sequence("parent", 8)
@@ -415,6 +445,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool = pool_type(NUM_BLOCKS, BLOCK, num_kv_heads=1, head_dim=1, dtype=torch.float32)
         self.manager = manager_type(self.pool)
         self.tokens: dict[str, list[int]] = {}
+        self.salts: dict[str, str | None] = {}
         self.names = 0
 
     def _pick(self, index: int) -> str:
@@ -430,6 +461,23 @@ class PoolMachine(RuleBasedStateMachine):
         hashes = [self.pool.block_hash(b) for b in range(NUM_BLOCKS)] if self.caching else []
         return (*_state(self.manager), hashes)
 
+    def _before(self) -> tuple[dict[str, tuple[int, ...]], list[int]]:
+        """Every table and every reference count, taken before an operation."""
+        tables = {name: self.manager.block_table(name) for name in self.tokens}
+        return tables, [self.pool.ref_count(b) for b in range(NUM_BLOCKS)]
+
+    def _check_step(self, before: tuple, acting: str, shared_ok: bool = False) -> None:
+        """After an operation on ``acting``: every other sequence kept its table, and each
+        block ``acting`` newly holds was free before, unless sharing is the point (a fork,
+        a cache hit): no block is reused while another sequence holds it."""
+        tables, refs = before
+        for name, table in tables.items():
+            if name != acting:
+                assert self.manager.block_table(name) == table, f"{acting} moved {name}'s blocks"
+        new = set(self.manager.block_table(acting)) - set(tables.get(acting, ()))
+        reused = sorted(b for b in new if refs[b] > 0)
+        assert shared_ok or not reused, f"blocks {reused} went to {acting} while referenced"
+
     @rule(
         prefix=st.sampled_from(PREFIXES),
         tail=st.lists(st.integers(0, 3), max_size=9),
@@ -438,7 +486,7 @@ class PoolMachine(RuleBasedStateMachine):
     def add(self, prefix: list[int], tail: list[int], salt: str | None) -> None:
         name = f"s{self.names}"
         self.names += 1
-        before = self._frozen()
+        before, step = self._frozen(), self._before()
         extra = {"cache_salt": salt} if self.caching else {}
         try:
             hit = self.manager.add_sequence(name, token_ids=prefix + tail, **extra)
@@ -448,19 +496,25 @@ class PoolMachine(RuleBasedStateMachine):
             return
         event(f"add: cache hit {hit > 0}")
         self.tokens[name] = prefix + tail
+        self.salts[name] = salt if self.caching else None
+        table = self.manager.block_table(name)
+        assert all(self.pool.block_hash(b) is not None for b in table[: hit // BLOCK])
+        assert all(step[1][b] == 0 for b in table[hit // BLOCK :]), "reused a held block"
+        self._check_step(step, name, shared_ok=True)
         self._write(name, hit)
 
     @precondition(lambda self: self.tokens)
     @rule(index=st.integers(0, 50), new=st.lists(st.integers(0, 3), min_size=1, max_size=6))
     def append(self, index: int, new: list[int]) -> None:
         name = self._pick(index)
-        before = self._frozen()
+        before, step = self._frozen(), self._before()
         try:
             self.manager.append_tokens(name, token_ids=new)
         except OutOfBlocks:
             event("append: out of blocks")
             assert self._frozen() == before
             return
+        self._check_step(step, name)
         self.tokens[name] += new
         self._write(name, len(self.tokens[name]) - len(new))
 
@@ -469,15 +523,25 @@ class PoolMachine(RuleBasedStateMachine):
     def fork(self, index: int) -> None:
         parent, child = self._pick(index), f"s{self.names}"
         self.names += 1
+        step = self._before()
         self.manager.fork(parent, child)
+        self._check_step(step, child, shared_ok=True)
+        assert self.manager.block_table(child) == step[0][parent]
         self.tokens[child] = list(self.tokens[parent])
+        self.salts[child] = self.salts[parent]
 
     @precondition(lambda self: self.tokens)
     @rule(index=st.integers(0, 50))
     def free(self, index: int) -> None:
         name = self._pick(index)
+        step = self._before()
         self.manager.free_sequence(name)
-        del self.tokens[name]
+        del self.tokens[name], self.salts[name]
+        for other, table in step[0].items():
+            if other != name:
+                assert self.manager.block_table(other) == table
+        for block_id in step[0][name]:  # each reference dropped exactly once
+            assert self.pool.ref_count(block_id) == step[1][block_id] - 1
 
     @invariant()
     def blocks_are_never_lost_or_handed_out_twice(self) -> None:
@@ -504,6 +568,16 @@ class PoolMachine(RuleBasedStateMachine):
             key, value = self.manager.read_kv(name)
             expected = torch.tensor([t + 16.0 * p for p, t in enumerate(tokens)])
             assert torch.equal(key.flatten(), expected) and torch.equal(value.flatten(), -expected)
+
+    @invariant()
+    def every_full_block_carries_its_prefix_hash(self) -> None:
+        if not self.caching:
+            return
+        for name, tokens in self.tokens.items():
+            expected = block_hashes(tokens, BLOCK, cache_salt=self.salts[name])
+            table = self.manager.block_table(name)
+            assert [self.pool.block_hash(b) for b in table[: len(expected)]] == expected
+            assert all(self.pool.block_hash(b) is None for b in table[len(expected) :])
 
     def teardown(self) -> None:
         if self.caching:

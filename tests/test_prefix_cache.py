@@ -123,6 +123,61 @@ def test_golden_trace_of_hits_touch_and_eviction_order() -> None:
     assert stats.tokens_not_recomputed == 12
 
 
+def test_golden_trace_of_shared_counts_copy_on_write_salts_and_eviction() -> None:
+    manager = _manager(num_blocks=10)  # blocks of 4; ids 1..9
+    pool = manager.pool
+    t = list(range(10))
+
+    def refs() -> dict[int, int]:
+        return {b: pool.ref_count(b) for b in range(1, 10) if pool.ref_count(b)}
+
+    assert manager.add_sequence("a", token_ids=t) == 0  # 1, 2 cached; 3 holds the tail
+    assert manager.add_sequence("b", token_ids=[*t[:8], 50, 51, 52]) == 8
+    assert manager.block_table("b") == (1, 2, 4)
+    assert refs() == {1: 2, 2: 2, 3: 1, 4: 1}
+    manager.fork("b", "c")
+    assert refs() == {1: 3, 2: 3, 3: 1, 4: 2}
+    manager.append_tokens("c", token_ids=[53])  # copy-on-write of 4 into 5, which fills up
+    assert manager.block_table("c") == (1, 2, 5) and manager.block_table("b") == (1, 2, 4)
+    assert refs() == {1: 3, 2: 3, 3: 1, 4: 1, 5: 1}
+    assert pool.block_hash(5) == block_hashes([*t[:8], 50, 51, 52, 53], 4)[2]
+    assert manager.add_sequence("d", token_ids=t, cache_salt="t") == 0  # salt: no hit
+    assert manager.block_table("d") == (6, 7, 8) and pool.free_blocks() == (9,)
+
+    manager.free_sequence("a")
+    assert pool.free_blocks() == (9, 3) and refs()[1] == refs()[2] == 2
+    manager.free_sequence("b")
+    assert pool.free_blocks() == (9, 3, 4)
+    manager.free_sequence("c")
+    manager.free_sequence("d")
+    assert pool.free_blocks() == (9, 3, 4, 5, 2, 1, 8, 7, 6)
+    assert refs() == {} and pool.num_cached == 5  # 1, 2, 5 and the salted 6, 7
+
+    assert manager.add_sequence("e", token_ids=[*t[:8], 50, 51, 52, 53, 60]) == 12
+    assert manager.block_table("e") == (1, 2, 5, 9) and pool.num_evictions == 0
+    assert manager.add_sequence("f", token_ids=list(range(100, 116))) == 0
+    assert manager.block_table("f") == (3, 4, 8, 7)  # 7 (salted, freed before 6) is evicted
+    assert pool.num_evictions == 1 and pool.free_blocks() == (6,)
+
+    before = (pool.free_blocks(), refs(), manager.stats())
+    with pytest.raises(OutOfBlocks, match="needed 3, only 1 free"):
+        manager.add_sequence("g", token_ids=t, cache_salt="t")  # revive 6 + 2 fresh
+    assert (pool.free_blocks(), refs(), manager.stats()) == before
+
+    manager.free_sequence("e")
+    assert pool.free_blocks() == (6, 9, 5, 2, 1)
+    assert manager.add_sequence("g", token_ids=t, cache_salt="t") == 4
+    assert manager.block_table("g") == (6, 9, 5)  # reusing 5 evicts e's third block
+    assert pool.num_evictions == 2 and pool.free_blocks() == (2, 1)
+    assert pool.block_hash(9) == block_hashes(t, 4, cache_salt="t")[1]
+    assert refs() == {3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1}
+
+    stats = manager.stats()
+    assert (stats.queries, stats.query_tokens, stats.hit_tokens, stats.evictions) == (
+        6, 70, 24, 2
+    )
+
+
 # --- behaviour --------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace
+from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, tokens_to_recompute
 from course_lib.simulator import CostModel, SimConfig, simulate
 from course_lib.workload import Request
 
@@ -143,6 +143,37 @@ def test_swap_space_accounting() -> None:
         swap.swap_out(3, 0)
     with pytest.raises(ValueError, match="capacity_blocks must be an integer >= 0, got -2"):
         SwapSpace(-2)
+
+
+# --- recompute with a prefix cache ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("length", "cached", "block", "expected"),
+    [(12, 0, 4, 12), (12, 1, 4, 8), (12, 2, 4, 4), (12, 3, 4, 4), (13, 3, 4, 1),
+     (4, 1, 4, 4), (1, 5, 1, 1), (900, 56, 16, 4), (896, 56, 16, 16)],
+)
+def test_tokens_to_recompute(length: int, cached: int, block: int, expected: int) -> None:
+    """Cached full blocks are reused, but the last token is always computed."""
+    assert tokens_to_recompute(length, cached, block) == expected
+
+
+def test_tokens_to_recompute_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="length must be an integer >= 1, got 0"):
+        tokens_to_recompute(0, 0, 16)
+    with pytest.raises(ValueError, match="cached_blocks must be an integer >= 0, got -1"):
+        tokens_to_recompute(10, -1, 16)
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
+        tokens_to_recompute(10, 0, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(length=st.integers(1, 500), cached=st.integers(0, 40), block=st.integers(1, 32))
+def test_recompute_is_at_least_one_token_and_never_more_than_the_length(
+        length: int, cached: int, block: int) -> None:
+    tokens = tokens_to_recompute(length, cached, block)
+    assert 1 <= tokens <= length
+    assert (length - tokens) % block == 0 and length - tokens <= cached * block
 
 
 # --- the policies in a run -------------------------------------------------------------------

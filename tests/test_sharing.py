@@ -50,6 +50,16 @@ def test_with_blocks_of_128_only_896_tokens_are_shareable() -> None:
     assert (demo.blocks_with_sharing, demo.blocks_without_sharing) == (7 + 50, 400)
 
 
+def test_a_block_aligned_system_prompt_recomputes_its_last_block_but_counts_it_once() -> None:
+    # 1,024 tokens fill 64 blocks; every later chat must compute its last prompt token, so
+    # it takes 63 blocks from the cache and writes block 64 again (cached again, same hash).
+    demo = system_prompt_sharing(prompt_tokens=1024, requests=50, block_size=16)
+    assert (demo.shared_blocks, demo.blocks_with_sharing) == (63, 63 + 50)
+    assert demo.shareable_tokens == 1024
+    assert demo.tokens_not_recomputed == 49 * 63 * 16
+    assert system_prompt_sharing(prompt_tokens=16, requests=3).shareable_tokens == 16
+
+
 def test_a_single_sample_or_beam_saves_nothing() -> None:
     assert measure_parallel_sampling([SamplingRequest(37, (20,))]).saving == 0.0
     assert measure_beam_search([BeamRequest(37, 20)], beam_width=1).saving == 0.0

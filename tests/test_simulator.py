@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from course_lib.__main__ import main
-from course_lib.scheduler import SchedulerConfig
+from course_lib.scheduler import Scheduler, SchedulerConfig
 from course_lib.simulator import (
     METRICS,
     ROOFLINE_COSTS,
@@ -231,6 +231,11 @@ def check_run(trace: list[Request], result: SimResult) -> None:
     assert result.preemptions == int(timeline.preemptions.sum())
     if config.scheduler.max_num_seqs is not None:
         assert timeline.batch.max() <= config.scheduler.max_num_seqs
+    # termination: a step decodes at least one new token (progress is never lost, a resumed
+    # request keeps what it generated) unless the server idles until the next arrival
+    idle = int((timeline.batch == 0).sum())
+    assert idle <= max(r.arrival for r in finals.values())
+    assert len(timeline.batch) <= idle + result.output_tokens
 
 
 traces = st.lists(
@@ -280,7 +285,149 @@ def test_tight_paged_pools_preempt_and_still_finish(trace: list[Request], block:
     config = tiny("paged", slots, block_size=block, max_len=60)
     if len(expected_rejections(trace, config)) == len(trace):
         return
-    check_run(trace, simulate(trace, config, record="full"))
+    result = simulate(trace, config, record="full")
+    target(float(result.preemptions))  # steer towards runs with many preemptions
+    check_run(trace, result)
+
+
+@st.composite
+def paged_servers(draw: st.DrawFn) -> SimConfig:
+    """Tight paged servers with any scheduler, prefix caching on."""
+    block = draw(st.sampled_from([1, 2, 3, 4]))
+    slots = draw(st.integers(max(8, 2 * block), 48))
+    return tiny("paged", slots, block_size=block, max_len=60, scheduler=draw(schedulers),
+                prefix_caching=True)
+
+
+@settings(max_examples=120, deadline=None)
+@given(trace=traces, config=paged_servers())
+def test_prefix_caching_keeps_every_invariant(trace: list[Request], config: SimConfig) -> None:
+    """With prefix caching on: the run's invariants hold; a resumed request takes back only
+    blocks it held itself, a leading run of them, never covering its last token; and
+    without a token budget the schedule is the one without the cache, with the recomputed
+    tokens split into those recomputed and those reused."""
+    if len(expected_rejections(trace, config)) == len(trace):
+        return
+    result = simulate(trace, config, record="full")
+    target(float(result.reused_tokens))
+    check_run(trace, result)
+    size = config.block_size
+    tables: dict[int, list[int]] = {}
+    left_cached: dict[int, list[int]] = {}
+    reused = 0
+    for event in result.timeline.events:
+        if event.kind == "admit":
+            hit = list(event.where[:event.cached])
+            assert hit == left_cached.get(event.request, [])[:event.cached]
+            assert event.cached * size <= event.length - 1
+            reused += event.cached * size
+            tables[event.request] = list(event.where)
+            if event.cached:
+                snapshot = result.pool_at(event.step)
+                assert all(snapshot.blocks[b].event == "cache-hit" for b in hit)
+                assert all(snapshot.blocks[b].cached_hash is not None for b in hit)
+        elif event.kind == "grow":
+            tables[event.request].extend(event.where)
+        else:
+            table = tables.pop(event.request)
+            if event.kind == "preempt":
+                assert event.cached <= event.length // size
+                left_cached[event.request] = table[:event.cached]
+    assert reused == result.reused_tokens
+    if config.scheduler.max_num_batched_tokens is None:
+        plain = simulate(trace, replace(config, prefix_caching=False), record="full")
+        assert [(e.step, e.kind, e.request, e.length) for e in result.timeline.events] == [
+            (e.step, e.kind, e.request, e.length) for e in plain.timeline.events]
+        assert result.recomputed_tokens + result.reused_tokens == plain.recomputed_tokens
+        assert result.timeline.batch.tolist() == plain.timeline.batch.tolist()
+
+
+def test_a_stuck_server_raises_instead_of_looping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unreachable with the real scheduler (requests that cannot run alone are rejected up
+    front); a scheduler that never admits shows the guard names the request."""
+    monkeypatch.setattr(Scheduler, "admits", lambda self, prefill, step: False)
+    with pytest.raises(RuntimeError, match=r"step 0: request 0 .* cannot be admitted"):
+        simulate(PAGED_TRACE, PAGED)
+
+
+# --- prefix caching for resumed requests ----------------------------------------------------
+
+# A (6 + 10) and B (9 + 6) in 6 usable blocks of 4. B fills its third block at step 2 and
+# finds none free at step 3: B (the newest) is preempted with 12 tokens, 3 full blocks. A
+# takes B's last block (freed first, so evicted first) at step 6, finishes at step 9, and B
+# resumes at step 10 with its first two blocks still cached.
+RESUME_TRACE = [Request(0, 6, 10), Request(1, 9, 6)]
+RESUME = tiny("paged", 28, block_size=4, max_len=16)
+
+
+def test_prefix_caching_is_off_by_default_and_changes_nothing_else() -> None:
+    assert SimConfig().prefix_caching is False
+    plain = simulate(RESUME_TRACE, RESUME, record="full")
+    cached = simulate(RESUME_TRACE, replace(RESUME, prefix_caching=True), record="full")
+    assert (plain.recomputed_tokens, plain.reused_tokens) == (12, 0)
+    assert (cached.recomputed_tokens, cached.reused_tokens) == (4, 8)
+    assert cached.recomputed_share == pytest.approx(4 / (15 + 16 + 4))
+    assert plain.timeline.batch.tolist() == cached.timeline.batch.tolist()
+    assert plain.steps == cached.steps == 13
+    preempt = [e for e in cached.timeline.events if e.kind == "preempt"]
+    resume = [e for e in cached.timeline.events if e.kind == "admit" and e.step == 10]
+    assert [(e.step, e.request, e.length, e.cached) for e in preempt] == [(3, 1, 12, 3)]
+    assert [(e.where, e.cached) for e in resume] == [((3, 4, 5, 6), 2)]
+
+
+def test_prefix_caching_redraws_cached_blocks_and_hits() -> None:
+    result = simulate(RESUME_TRACE, replace(RESUME, prefix_caching=True), record="full")
+    freed = result.pool_at(3)
+    assert [b.event for b in freed.blocks[3:6]] == ["freed"] * 3
+    chain = [b.cached_hash for b in freed.blocks[3:6]]
+    assert all(chain) and len(set(chain)) == 3
+    evicted = result.pool_at(6)  # A's new block is B's old last block: its hash is gone
+    assert [b.cached_hash for b in evicted.blocks[3:6]] == [*chain[:2], None]
+    assert evicted.tables["0"] == (1, 2, 6, 5)
+    resumed = result.pool_at(10)
+    assert resumed.tables == {"1": (3, 4, 5, 6)}
+    assert [b.event for b in resumed.blocks[3:7]] == ["cache-hit", "cache-hit", "allocated",
+                                                     "allocated"]
+    assert [b.cached_hash for b in resumed.blocks[3:5]] == chain[:2]
+    plain = simulate(RESUME_TRACE, RESUME, record="full").pool_at(3)
+    assert all(b.cached_hash is None for b in plain.blocks)
+
+
+def test_the_last_token_is_always_recomputed() -> None:
+    """B is preempted at exactly 4 tokens, one full block: resuming, it must compute at least
+    its last token, so the cached block is not used (and is evicted)."""
+    result = simulate(PAGED_TRACE, replace(PAGED, prefix_caching=True), record="full")
+    assert (result.recomputed_tokens, result.reused_tokens) == (4, 0)
+    assert [e.cached for e in result.timeline.events if e.kind == "preempt"] == [1]
+
+
+def test_prefix_caching_lowers_the_prefill_a_token_budget_sees() -> None:
+    """Step 11, a budget of 16 tokens: request 1 resumes at 12 tokens and request 0 at 5.
+    Without the cache 12 + 5 > 16, so request 0 waits a step; with two of request 1's
+    blocks still cached, 4 + 5 fit together. Prefill time counts only computed tokens."""
+    trace = [Request(0, 2, 4, arrival=3), Request(1, 4, 9, arrival=2),
+             Request(2, 1, 10, arrival=1)]
+    config = tiny("paged", 28, block_size=4, max_len=16,
+                  scheduler=SchedulerConfig(max_num_batched_tokens=16))
+    runs = [simulate(trace, replace(config, prefix_caching=on), record="full")
+            for on in (False, True)]
+    admits = [[(e.step, e.request, e.cached) for e in r.timeline.events
+               if e.kind == "admit" and e.step > 3] for r in runs]
+    assert admits == [[(11, 1, 0), (12, 0, 0)], [(11, 1, 2), (11, 0, 0)]]
+    assert [(r.recomputed_tokens, r.reused_tokens, r.steps) for r in runs] == [(17, 0, 12),
+                                                                                (9, 8, 11)]
+    costly = CostModel(step_seconds=0.0, prefill_seconds_per_token=1.0)
+    assert simulate(RESUME_TRACE, replace(RESUME, costs=costly)).seconds == 6 + 9 + 12
+    assert simulate(RESUME_TRACE, replace(RESUME, costs=costly,
+                                          prefix_caching=True)).seconds == 6 + 9 + 4
+
+
+def test_support_chat_with_prefix_caching(study: dict[str, SimResult]) -> None:
+    r = simulate(support_chat(), SimConfig(prefix_caching=True))
+    plain = study["paged"]
+    assert (r.preemptions, r.steps) == (plain.preemptions, plain.steps)
+    assert (r.recomputed_tokens, r.reused_tokens) == (198_380, 35_744)
+    assert r.recomputed_tokens + r.reused_tokens == plain.recomputed_tokens
 
 
 # --- costs, configs, rejections -------------------------------------------------------------
@@ -323,7 +470,10 @@ def test_bad_cost_models_raise(kwargs: dict, message: str) -> None:
      ({"scheduler": SchedulerConfig(max_num_batched_tokens=4096)},
       "max_num_batched_tokens=4096 is below max_len=8192"),
      ({"scheduler": {"policy": "fcfs"}}, "scheduler must be a SchedulerConfig"),
-     ({"costs": 0.025}, "costs must be a CostModel, got 0.025")],
+     ({"costs": 0.025}, "costs must be a CostModel, got 0.025"),
+     ({"prefix_caching": 1}, "prefix_caching must be True or False, got 1"),
+     ({"allocator": "reserve-max", "prefix_caching": True},
+      "prefix caching needs the paged allocator, got allocator='reserve-max'")],
 )
 def test_bad_configs_raise(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -364,8 +514,10 @@ def test_bad_simulate_arguments() -> None:
 def test_steps_recording_is_cheap_and_events_are_optional() -> None:
     result = simulate(PAGED_TRACE, PAGED, record="steps")
     assert result.timeline.events == () and result.timeline.cuts is None
-    assert set(result.as_dict()) == set(METRICS) | {"allocator", "block_size", "kv_tokens",
-                                                    "requests", "rejected"}
+    labels = {"allocator", "block_size", "kv_tokens", "requests", "rejected"}
+    assert set(result.as_dict()) == set(METRICS) - {"reused_tokens"} | labels
+    cached = simulate(PAGED_TRACE, replace(PAGED, prefix_caching=True))
+    assert set(cached.as_dict()) == set(METRICS) | labels
 
 
 def test_idle_steps_pass_but_are_not_decode_steps() -> None:
@@ -441,6 +593,24 @@ def test_cli_errors_are_one_line_with_status_2(args: list[str], message: str,
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_prefix_caching(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's --json adds swapped_bytes and the latency percentiles to the chapter-03
+    metrics, and reused_tokens only when --prefix-caching is on."""
+    args = ["simulate", "--workload", "support-chat", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert {"swapped_bytes", "p50_latency", "p99_latency"} <= set(plain)
+    assert "reused_tokens" not in plain
+    assert main([*args, "--prefix-caching"]) == 0
+    cached = json.loads(capsys.readouterr().out)
+    assert (cached["preemptions"], cached["steps"]) == (plain["preemptions"], plain["steps"])
+    assert cached["recomputed_tokens"] + cached["reused_tokens"] == plain["recomputed_tokens"]
+    assert main(["simulate", "--prefix-caching"]) == 0
+    assert "found in prefix cache   35,744 tokens not recomputed" in capsys.readouterr().out
+    assert main(["simulate", "--prefix-caching", "--allocator", "exact-size"]) == 2
+    assert "prefix caching needs the paged allocator" in capsys.readouterr().err
 
 
 def test_simulate_many_keeps_the_order() -> None:

@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from course_lib.kv_math import MODELS
+from course_lib.simulator import SimConfig, simulate
+from course_lib.slab import SlabAllocator
 from course_lib.snapshot import BlockView, PoolSnapshot
 from course_lib.viz import (
     ArenaFrame,
@@ -23,6 +25,8 @@ from course_lib.viz import (
     Reservation,
     SvgPicture,
     Timeline,
+    arena_frame,
+    arena_frame_at,
     arena_stats,
     arena_timeline,
     arena_view,
@@ -33,6 +37,7 @@ from course_lib.viz import (
     show_source,
 )
 from course_lib.viz.palette import OWNER_COLORS, owner_colors
+from course_lib.workload import generate_trace
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -383,6 +388,55 @@ def test_arena_widget_uses_the_shared_timeline() -> None:
     assert "no gap fits" in frame.value
     colors = owner_colors("ABCD")
     assert f'class="written" data-request="A" fill="{colors["A"]}"' in frame.value
+
+
+def test_arena_frame_from_a_slab_allocator() -> None:
+    arena = SlabAllocator(100, policy="exact-size", max_len=40)
+    for rid, final in ((1, 30), (2, 20), (3, 25)):
+        arena.admit(rid, final, length=5)
+    arena.append(3, 7)
+    arena.free(2)
+    frame = arena_frame(arena, next_request=21, label="by hand")
+    assert [(r.request_id, r.start, r.reserved, r.written, r.final)
+            for r in frame.reservations] == [("1", 0, 30, 5, 30), ("3", 50, 25, 12, 25)]
+    assert frame.gaps == ((30, 20), (75, 25)) and frame.label == "by hand"
+    stats = arena_stats(frame)
+    assert (stats.written, stats.pending, stats.free, stats.stranded) == (17, 38, 45, 20)
+    assert not stats.blocked
+    reserve = SlabAllocator(64, policy="reserve-max", max_len=32)
+    reserve.admit(7, 10, length=4)
+    (only,) = arena_frame(reserve).reservations
+    assert (only.reserved, only.written, only.final) == (32, 4, 10)
+    assert arena_stats(arena_frame(reserve)).internal == 22
+    with pytest.raises(ValueError, match="SlabAllocator"):
+        arena_frame("arena")  # type: ignore[arg-type]
+
+
+def test_arena_frame_at_redraws_a_recorded_run() -> None:
+    trace = generate_trace(10, seed=22, median_total=14, sigma=0.5, max_total=32,
+                           arrival_rate=0.5)
+    config = SimConfig(allocator="exact-size", budget_bytes=64, bytes_per_token=1, max_len=32)
+    result = simulate(trace, config, record="full")
+    timeline = result.timeline
+    blocked_steps = []
+    for step in range(len(timeline.batch)):
+        frame = arena_frame_at(result, step)
+        stats = arena_stats(frame)
+        assert frame.label == f"exact-size · step {step}"
+        assert (stats.written, stats.pending, stats.free) == (
+            timeline.used[step], timeline.reserved[step], timeline.free[step])
+        assert stats.stranded == timeline.stranded[step]
+        assert frame.next_request == (int(timeline.next_need[step]) or None)
+        if stats.blocked:
+            blocked_steps.append(step)
+    assert len(blocked_steps) == result.no_gap_steps > 0
+    assert arena_frame_at(result, 0, label="start").label == "start"
+    paged = simulate(trace, SimConfig(budget_bytes=64, bytes_per_token=1, block_size=4,
+                                      max_len=32), record="full")
+    with pytest.raises(ValueError, match="pool_at"):
+        arena_frame_at(paged, 0)
+    with pytest.raises(ValueError, match="record='full'"):
+        arena_frame_at(simulate(trace, config, record="steps"), 0)
 
 
 # --- capacity calculator ------------------------------------------------------------

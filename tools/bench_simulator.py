@@ -90,6 +90,14 @@ def main() -> int:
          f"{sweep[512].avg_batch:.1f} overall"),
     ]
 
+    wall, cpu = time.perf_counter(), time.process_time()
+    cached = simulate(trace, replace(SimConfig(), prefix_caching=True))
+    print(f"\nprefix caching (chapter 05): {time.perf_counter() - wall:.2f} s wall "
+          f"{time.process_time() - cpu:.2f} s CPU; same preemptions: "
+          f"{cached.preemptions == paged.preemptions}")
+    rows.append(("paged 16 + prefix caching: recomputed", "-",
+                 f"{cached.recomputed_tokens:,} ({cached.reused_tokens:,} found cached)"))
+
     width = max(len(label) for label, _, _ in rows)
     print(f"\n{'figure':<{width}}  {'guide':>15}  course")
     for label, guide, course in rows:

@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, help="most tokens per step")
     parser.add_argument("--swap-space-gib", type=float,
                         help="CPU swap space in GiB (default: as large as the KV budget)")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="a request resumed by recompute reuses its blocks still cached "
+                        "(paged only)")
     parser.add_argument("--cost-model", default="source", choices=sorted(COST_MODELS),
                         help="source: flat 25 ms steps; roofline: steps slow with the batch")
     parser.add_argument("--step-ms", type=float, help="fixed part of a step in milliseconds")
@@ -73,7 +76,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
         max_num_batched_tokens=args.max_num_batched_tokens)
     config = SimConfig(allocator=args.allocator, budget_bytes=int(args.budget_gib * GIB),
                        bytes_per_token=per_token, block_size=args.block_size,
-                       max_len=args.max_len, fit=args.fit, scheduler=scheduler, costs=costs)
+                       max_len=args.max_len, fit=args.fit, scheduler=scheduler, costs=costs,
+                       prefix_caching=args.prefix_caching)
     if args.swap_space_gib is None:
         return config
     swap_blocks = int(args.swap_space_gib * GIB) // (per_token * config.block_size)
@@ -124,6 +128,10 @@ def _render(r: Mapping[str, Any]) -> str:
         ("preemptions", f"{r['preemptions']:,} ({r['preempted_requests']:,} requests)"),
         ("recomputed tokens", f"{r['recomputed_tokens']:,} ({r['recomputed_share']:.1%} "
                               f"of tokens processed)"),
+    ]
+    if "reused_tokens" in r:
+        rows.append(("found in prefix cache", f"{r['reused_tokens']:,} tokens not recomputed"))
+    rows += [
         ("swapped", f"{r['swapped_bytes'] / GIB:.2f} GiB"),
         ("simulated time", f"{r['seconds']:,.1f} s ({r['throughput']:,.0f} tokens/s)"),
         ("cost per 1M tokens", f"{r['cost_per_million_tokens']:.2f} at "

@@ -31,6 +31,26 @@ class Raises:
         return f"raises {self.error.__name__}"
 
 
+@dataclass(frozen=True)
+class Satisfies:
+    """Expected outcome of a case with more than one right answer: any value ``holds`` accepts.
+
+    ``description`` is what the report shows as expected (e.g. "3 slabs of 30 slots inside
+    0..100, none overlapping"). Use it with ``compare=satisfies``.
+    """
+
+    description: str
+    holds: Callable[[Any], bool]
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def satisfies(got: Any, expected: Satisfies) -> bool:
+    """``compare`` for a :class:`Satisfies` expectation."""
+    return bool(expected.holds(got))
+
+
 def approx_equal(got: Any, expected: Any, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
     """Equality that tolerates float rounding, element-wise through tuples and lists."""
     if isinstance(expected, float) or isinstance(got, float):

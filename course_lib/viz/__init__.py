@@ -3,7 +3,8 @@
 - :mod:`~course_lib.viz.pool_view`: the block pool (cells, fill, sharing, copy-on-write,
   prefix cache), one request's block table, statistics; ``pool_timeline(snapshots)``.
 - :mod:`~course_lib.viz.arena_view`: the contiguous arena of the slab allocators;
-  ``arena_timeline(frames)``.
+  ``arena_timeline(frames)``; ``arena_frame(allocator)`` and ``arena_frame_at(result, step)``
+  turn a slab allocator or a recorded simulation into frames.
 - :mod:`~course_lib.viz.timeline`: the one timeline (Play + slider) both use.
 - :mod:`~course_lib.viz.capacity`: chapter 01's capacity calculator and the
   concurrency-against-context plot.
@@ -18,6 +19,8 @@ from course_lib.viz.arena_view import (
     ArenaFrame,
     ArenaStats,
     Reservation,
+    arena_frame,
+    arena_frame_at,
     arena_stats,
     arena_timeline,
 )
@@ -36,6 +39,8 @@ __all__ = [
     "SourceView",
     "SvgPicture",
     "Timeline",
+    "arena_frame",
+    "arena_frame_at",
     "arena_stats",
     "arena_timeline",
     "plot_concurrency_vs_context",

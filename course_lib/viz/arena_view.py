@@ -21,7 +21,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
+from course_lib.slab import SlabAllocator
 from course_lib.viz.palette import OWNER_COLORS, mix, owner_colors
 from course_lib.viz.svg import (
     ALERT,
@@ -37,6 +39,9 @@ from course_lib.viz.svg import (
     text_lines,
 )
 from course_lib.viz.timeline import Timeline
+
+if TYPE_CHECKING:
+    from course_lib.simulator import SimResult
 
 GUTTER = 62.0
 ROW_HEIGHT = 30.0
@@ -162,6 +167,35 @@ class ArenaStats:
         )
         stranded = f" · {self.stranded:,} free slots in gaps too small" if self.stranded else ""
         return [kinds, f"next request needs {self.next_request:,} slots: {verdict}{stranded}"]
+
+
+def arena_frame(
+    arena: SlabAllocator, *, next_request: int | None = None, label: str = ""
+) -> ArenaFrame:
+    """A :class:`~course_lib.slab.SlabAllocator` as a frame: one reservation per live slab.
+
+    Request ids become text (the views key colours by text); ``next_request`` is the number
+    of contiguous slots the first waiting request needs, if any.
+    """
+    if not isinstance(arena, SlabAllocator):
+        raise ValueError(f"arena must be a SlabAllocator, got {arena!r}")
+    reservations = tuple(
+        Reservation(str(rid), slab.start, slab.size, slab.length, slab.final_len)
+        for rid, slab in arena.slabs.items()
+    )
+    return ArenaFrame(arena.num_slots, reservations, next_request=next_request, label=label)
+
+
+def arena_frame_at(result: SimResult, step: int, *, label: str | None = None) -> ArenaFrame:
+    """The arena of a contiguous simulation recorded with ``record="full"`` at ``step``.
+
+    The frame marks gaps too small for the request then first in the queue (the slots it
+    needs come from the run's timeline). The label defaults to ``"<allocator> · step N"``.
+    """
+    arena = result.arena_at(step)  # raises for paged runs and runs without events
+    need = int(result.timeline.next_need[step])
+    shown = f"{result.allocator} · step {step:,}" if label is None else label
+    return arena_frame(arena, next_request=need or None, label=shown)
 
 
 def arena_stats(frame: ArenaFrame) -> ArenaStats:
