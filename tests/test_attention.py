@@ -401,6 +401,24 @@ def test_without_a_gpu_the_interpreter_is_switched_on() -> None:
     assert os.environ["TRITON_INTERPRET"] == "1"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_triton_imported_first_is_reported_not_run_wrongly() -> None:
+    # Triton's own jit functions (tl.max, tl.cdiv) are built for a GPU when it is imported
+    # without TRITON_INTERPRET; interpreted kernels that call them fail obscurely.
+    script = (
+        "import triton, torch, course_lib.attention as a\n"
+        "assert a.KERNEL_MODE == 'unavailable', a.KERNEL_MODE\n"
+        "try:\n"
+        "    a.run_canary()\n"
+        "except a.KernelsUnavailable as error:\n"
+        "    print(error)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          check=True)
+    assert "import course_lib.attention first" in done.stdout
+
+
 def test_without_triton_the_references_work_and_the_kernel_says_why() -> None:
     script = (
         "import sys; sys.modules['triton'] = None\n"

@@ -3,14 +3,18 @@
 Triton decides at *decoration* time whether ``@triton.jit`` builds a GPU kernel or an
 interpreted one, from the ``TRITON_INTERPRET`` environment variable. This module is imported
 by ``course_lib.attention`` before any kernel is defined, so on a machine without a CUDA GPU
-it switches the interpreter on first. Triton is Linux-only; without it the rest of the
-course still imports and only the kernel functions refuse to run.
+it switches the interpreter on first. That must also come before ``import triton``: Triton's
+own jit functions (``tl.max``, ``tl.sum``, ``tl.cdiv``) are decorated when it is imported,
+and interpreted kernels cannot call GPU-built ones, so if Triton is already imported here
+the kernels are reported unavailable, with the reason. Triton is Linux-only; without it the
+rest of the course still imports and only the kernel functions refuse to run.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -37,6 +41,12 @@ def _select_mode() -> tuple[KernelMode, str]:
     if requested is not None:
         reason = f"no CUDA GPU, and TRITON_INTERPRET={requested!r} turns the interpreter off"
         return "unavailable", reason
+    if sys.modules.get("triton") is not None:
+        return "unavailable", (
+            "no CUDA GPU, and triton was imported before course_lib.attention, too late to "
+            "switch its interpreter on; import course_lib.attention first (or set "
+            "TRITON_INTERPRET=1 before Python starts)"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
     return "interpreter", "no CUDA GPU, so TRITON_INTERPRET=1 set before the kernels were defined"
 

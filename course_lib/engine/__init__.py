@@ -1,0 +1,48 @@
+"""The capstone: a small Llama-architecture model served from the paged KV cache.
+
+``model`` is the decoder, ``loading`` brings Hugging Face weights into it, ``sampling``
+picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``engine`` is
+the serving loop around the course's scheduler, and ``contiguous`` is ordinary generation,
+the baseline the engine's outputs must equal. ``python -m course_lib.engine.bench`` times
+both.
+"""
+
+from course_lib.engine.contiguous import generate
+from course_lib.engine.engine import EngineStats, PagedEngine, StepReport
+from course_lib.engine.loading import config_from_hf, from_hf, load_pretrained
+from course_lib.engine.model import (
+    Attention,
+    Llama3RopeScaling,
+    LlamaModel,
+    ModelConfig,
+    packed_causal_attention,
+    random_model,
+    tiny_config,
+)
+from course_lib.engine.paged_forward import DecodeAttention, PagedDecode, PagedPrefill
+from course_lib.engine.requests import GenerationRequest, RequestOutput
+from course_lib.engine.sampling import SamplingParams, sample_token
+
+__all__ = [
+    "Attention",
+    "DecodeAttention",
+    "EngineStats",
+    "GenerationRequest",
+    "Llama3RopeScaling",
+    "LlamaModel",
+    "ModelConfig",
+    "PagedDecode",
+    "PagedEngine",
+    "PagedPrefill",
+    "RequestOutput",
+    "SamplingParams",
+    "StepReport",
+    "config_from_hf",
+    "from_hf",
+    "generate",
+    "load_pretrained",
+    "packed_causal_attention",
+    "random_model",
+    "sample_token",
+    "tiny_config",
+]

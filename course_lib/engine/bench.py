@@ -1,0 +1,196 @@
+"""Paged engine vs contiguous reservation, in tokens/s: ``python -m course_lib.engine.bench``.
+
+Both engines serve the same requests (seeded ragged prompts and replies, every reply run to
+its full length) with the same model, in the same run:
+
+* ``paged``: :class:`~course_lib.engine.PagedEngine` on a pool of ``budget // block_size``
+  blocks (plus the null block), with the course's FCFS scheduler and recompute preemption;
+* ``contiguous``: :func:`~course_lib.engine.generate` with ``budget // max_len`` rows, each
+  reserving ``max_len`` slots for its sample (chapter 02's reserve-max allocation).
+
+Two sweeps: **memory budget** (KV slots, no batch limit), where paging fits more requests
+into the same memory, and **batch size** (a limit on concurrent requests, ample memory),
+where both fit the same batch and only the per-step cost differs. Throughput is generated
+tokens per wall-clock second, prefill included. On a CUDA GPU the model runs in fp16 with
+the Triton kernel; on a CPU in fp32 with the torch gather reference for decode attention
+(``--decode-attention`` overrides), because the Triton interpreter measures Python, not
+paging. The CPU sweep is smaller than the GPU's; ``--smoke`` runs a seconds-long version
+with the toy model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.attention import KERNEL_MODE
+from course_lib.engine.contiguous import generate
+from course_lib.engine.engine import PagedEngine
+from course_lib.engine.loading import load_pretrained
+from course_lib.engine.model import LlamaModel, ModelConfig, random_model, tiny_config
+from course_lib.engine.paged_forward import DecodeAttention
+from course_lib.engine.requests import GenerationRequest
+from course_lib.engine.sampling import SamplingParams
+from course_lib.scheduler import SchedulerConfig
+from course_lib.workload import generate_trace
+
+SMALL_CONFIG = ModelConfig(vocab_size=2048, hidden_size=512, intermediate_size=1376,
+                           num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,
+                           max_position_embeddings=4096)
+"""A random ~20M-parameter Llama: large enough that a step costs more than its Python."""
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    """One benchmark: the requests, the reservation length and the sweeps."""
+
+    requests: int
+    max_len: int
+    median_total: int
+    block_size: int
+    budgets: tuple[int, ...]
+    batches: tuple[int, ...]
+    seed: int = 0
+
+
+SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
+                   batches=(4,))
+CPU = BenchSetup(requests=32, max_len=128, median_total=48, block_size=16,
+                 budgets=(256, 512, 1024), batches=(1, 4, 16))
+GPU = BenchSetup(requests=256, max_len=512, median_total=160, block_size=16,
+                 budgets=(2048, 4096, 8192, 16384), batches=(1, 8, 32, 128))
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One point of a sweep, both engines measured on the same requests."""
+
+    sweep: str
+    budget_tokens: int
+    max_batch: int | None
+    paged_tokens_per_s: float
+    paged_avg_batch: float
+    paged_preemptions: int
+    contiguous_tokens_per_s: float | None
+    contiguous_rows: int
+
+    @property
+    def ratio(self) -> float | None:
+        """Paged throughput over contiguous (None when contiguous could not run)."""
+        if not self.contiguous_tokens_per_s:
+            return None
+        return self.paged_tokens_per_s / self.contiguous_tokens_per_s
+
+
+def bench_requests(setup: BenchSetup, vocab_size: int) -> list[GenerationRequest]:
+    """Seeded ragged requests (log-normal totals up to ``max_len``), replies at full length."""
+    trace = generate_trace(setup.requests, seed=setup.seed, median_total=setup.median_total,
+                           sigma=0.6, max_total=setup.max_len, vocab_size=vocab_size)
+    return [GenerationRequest(r.token_ids or (), SamplingParams(max_tokens=r.output_len,
+                                                                ignore_eos=True))
+            for r in trace]
+
+
+def _timed(run: Callable[[], object]) -> float:
+    """Wall-clock seconds of ``run()``, GPU work included."""
+    start = time.perf_counter()
+    run()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSetup,
+            budget: int, max_batch: int | None, decode_attention: DecodeAttention,
+            sweep: str) -> BenchRow:
+    """Time both engines on ``requests`` with ``budget`` KV slots (and a batch limit)."""
+    generated = sum(r.params.max_tokens for r in requests)
+    engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
+                         block_size=setup.block_size, decode_attention=decode_attention,
+                         scheduler=SchedulerConfig(max_num_seqs=max_batch))
+    paged_s = _timed(lambda: engine.generate(requests))
+    stats = engine.stats()
+    rows = budget // setup.max_len if max_batch is None else max_batch
+    contiguous_s = None
+    if rows:
+        contiguous_s = _timed(lambda: generate(model, requests, max_batch=rows,
+                                               max_len=setup.max_len))
+    return BenchRow(sweep, budget, max_batch, generated / paged_s, stats.avg_batch,
+                    stats.preemptions, generated / contiguous_s if contiguous_s else None, rows)
+
+
+def run_bench(model: LlamaModel, setup: BenchSetup,
+              decode_attention: DecodeAttention) -> list[BenchRow]:
+    """Both sweeps; a short warm-up first (kernel compilation, allocator caches)."""
+    requests = bench_requests(setup, model.config.vocab_size)
+    roomy = max(setup.budgets[-1], setup.max_len * max(setup.batches))
+    PagedEngine(model, num_blocks=roomy // setup.block_size + 1, block_size=setup.block_size,
+                decode_attention=decode_attention).generate(requests[:2])
+    rows = [measure(model, requests, setup, budget, None, decode_attention, "budget")
+            for budget in setup.budgets]
+    rows += [measure(model, requests, setup, roomy, batch, decode_attention, "batch")
+             for batch in setup.batches]
+    return rows
+
+
+def format_rows(rows: Sequence[BenchRow]) -> str:
+    """The sweeps as a plain-text table, paged and contiguous side by side."""
+    lines = [f"{'sweep':<7}{'KV slots':>9}{'max batch':>10}{'paged tok/s':>13}"
+             f"{'avg batch':>10}{'preempt':>8}{'contig tok/s':>14}{'rows':>6}"
+             f"{'paged/contiguous':>18}"]
+    for r in rows:
+        contiguous = ("-" if r.contiguous_tokens_per_s is None
+                      else f"{r.contiguous_tokens_per_s:.0f}")
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        lines.append(f"{r.sweep:<7}{r.budget_tokens:>9}{r.max_batch or '-':>10}"
+                     f"{r.paged_tokens_per_s:>13.0f}{r.paged_avg_batch:>10.1f}"
+                     f"{r.paged_preemptions:>8}{contiguous:>14}{r.contiguous_rows:>6}"
+                     f"{ratio:>18}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run the sweeps, print the table."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib.engine.bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny model, seconds")
+    parser.add_argument("--model", default=None,
+                        help="local Llama checkpoint folder or hub id (default: random model)")
+    parser.add_argument("--decode-attention", choices=("triton", "torch"), default=None,
+                        help="default: triton on a CUDA GPU, torch on a CPU")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 gives steadier timings on a busy machine)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    cuda = KERNEL_MODE == "cuda"
+    device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
+    decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
+    setup = SMOKE if args.smoke else GPU if cuda else CPU
+    if args.model:
+        model, _ = load_pretrained(args.model, dtype=dtype, device=device)
+        name = args.model
+    else:
+        config = tiny_config() if args.smoke else SMALL_CONFIG
+        model = random_model(config, seed=0, dtype=dtype, device=device)
+        name = "tiny" if args.smoke else "small"
+    torch.manual_seed(0)
+    where = torch.cuda.get_device_name() if cuda else "CPU"
+    params = sum(p.numel() for p in model.parameters())
+    print(f"engine bench: model {name} ({params / 1e6:.1f}M parameters, {dtype}) on {where}; "
+          f"decode attention: {decode_attention}")
+    print(f"{setup.requests} requests up to {setup.max_len} tokens (median {setup.median_total}),"
+          f" blocks of {setup.block_size}; contiguous rows reserve {setup.max_len} slots each")
+    print(format_rows(run_bench(model, setup, decode_attention)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
