@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from course_lib.grading import chapter_exercises, find_exercise
+from course_lib.grading.ch02 import _LibraryFirstFit as LibraryFirstFit
 from course_lib.grading.check import CheckResult, evaluate
 from course_lib.grading.grade import grade_folder
 from course_lib.kv_math import blocks_needed, paged_utilization
@@ -71,19 +72,6 @@ class LibraryReserveMax:
         if not self.arena.fits(self.arena.max_len):
             return None
         return self.arena.admit(request_id, self.arena.max_len).start
-
-    def release(self, request_id: int) -> None:
-        self.arena.free(request_id)
-
-
-class LibraryFirstFit:
-    def __init__(self, num_slots: int) -> None:
-        self.arena = SlabAllocator(num_slots, policy="exact-size", max_len=num_slots)
-
-    def admit(self, request_id: int, size: int) -> int | None:
-        if not self.arena.fits(size):
-            return None
-        return self.arena.admit(request_id, size).start
 
     def release(self, request_id: int) -> None:
         self.arena.free(request_id)
