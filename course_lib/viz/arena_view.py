@@ -32,6 +32,7 @@ from course_lib.viz.svg import (
     MUTED,
     WIDTH,
     Swatch,
+    count,
     document,
     legend,
     rect,
@@ -156,7 +157,7 @@ class ArenaStats:
             f"written {self.written / share:.1f}% · "
             f"reserved, not yet written {self.pending / share:.1f}% · "
             f"never written {self.internal / share:.1f}% · "
-            f"free {self.free / share:.1f}% in {self.gaps:,} gaps "
+            f"free {self.free / share:.1f}% in {count(self.gaps, 'gap')} "
             f"(largest {self.largest_gap:,} slots)"
         )
         if self.next_request is None:

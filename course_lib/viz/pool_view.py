@@ -42,6 +42,7 @@ from course_lib.viz.svg import (
     WIDTH,
     Swatch,
     attrs,
+    count,
     document,
     esc,
     legend,
@@ -112,7 +113,8 @@ class PoolStats:
         return (
             f"in use {self.used:,} of {self.usable:,} blocks ({self.occupancy:.1%}) · "
             f"free {self.free:,} · shared {self.shared:,} · cached {self.cached:,} · "
-            f"{self.requests:,} requests · {self.utilization:.1%} of allocated slots hold tokens"
+            f"{count(self.requests, 'request')} · "
+            f"{self.utilization:.1%} of allocated slots hold tokens"
         )
 
 

@@ -49,6 +49,11 @@ def num(value: float) -> str:
     return "0" if text == "-0" else text
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1: "1 gap", "3 gaps", "1,024 requests"."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def attrs(**values: object) -> str:
     """SVG attributes from keyword arguments: ``class_`` -> ``class``, ``_`` -> ``-``.
 
