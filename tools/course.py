@@ -52,7 +52,10 @@ def install() -> None:
 def lab() -> None:
     """Open JupyterLab on the first chapter."""
     install()
-    _run(BIN / "jupyter", "lab", "notebooks/00_start_here.ipynb")
+    as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    # Serve the whole course (lectures, exercises, solutions), opening chapter 00.
+    _run(BIN / "jupyter", "lab", f"--ServerApp.root_dir={ROOT}",
+         "--ServerApp.default_url=/lab/tree/notebooks/00_start_here.ipynb", *as_root)
 
 
 def test() -> None:
