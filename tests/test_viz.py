@@ -31,12 +31,19 @@ from course_lib.viz import (
     arena_timeline,
     arena_view,
     plot_concurrency_vs_context,
+    pool_picture,
     pool_stats,
     pool_timeline,
     pool_view,
     show_source,
 )
-from course_lib.viz.palette import OWNER_COLORS, owner_colors
+from course_lib.viz.palette import (
+    MIN_MARK_DISTANCE,
+    OWNER_COLORS,
+    RESERVED_COLORS,
+    color_distance,
+    owner_colors,
+)
 from course_lib.workload import generate_trace
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -212,6 +219,109 @@ def test_pool_rejects_impossible_snapshots() -> None:
     dangling = PoolSnapshot(16, (BlockView(0, is_null=True),), {"A": (7,)})
     with pytest.raises(ValueError, match="names block 7"):
         pool_view.render_svg(dangling, request="A")
+
+
+def legend_labels(svg: str) -> list[str]:
+    """The labels of the marks legend, in drawn order (every label a MARKS entry has)."""
+    known = {label for _, label in pool_view.MARKS.values()}
+    known |= {"holds a copy-on-write copy", "holds cached blocks"}
+    found = re.findall(r'font-size="11" fill="#57606a">([^<]*)</text>', svg)
+    return [label for label in found if label in known]
+
+
+def test_legend_lists_only_the_marks_drawn_in_a_stable_order() -> None:
+    labels = legend_labels(pool_view.render_svg(small_pool()))
+    assert labels == ["null block", "empty slots", "reference count",
+                      "cached hash (free = evictable)", "copy-on-write copy"]
+    order = [label for _, label in pool_view.MARKS.values()]
+    assert labels == sorted(labels, key=order.index)
+    plain = PoolSnapshot(16, (BlockView(1, 16, ("A",), 1, event="allocated"),), {"A": (1,)})
+    assert legend_labels(pool_view.render_svg(plain)) == ["allocated this step"]
+    many = PoolSnapshot(16, (BlockView(1, 8, tuple("ABCDE"), 5),))
+    assert legend_labels(pool_view.render_svg(many)) == [
+        "empty slots", "reference count", "shared by more than 4"]
+    # aggregated: the run marks appear only when some run holds them
+    assert legend_labels(pool_view.render_svg(big_pool())) == []
+    assert "1 cell = " in pool_view.render_svg(big_pool())
+
+
+def test_timeline_legend_is_decided_per_frame() -> None:
+    frames = [small_pool("step 0"),
+              PoolSnapshot(16, (BlockView(0, is_null=True), BlockView(1, 4, ("A",), 1)),
+                           {"A": (1,)}, label="step 1")]
+    timeline = pool_timeline(frames)
+    assert "copy-on-write copy" in legend_labels(timeline.svg(0))
+    assert legend_labels(timeline.svg(1)) == ["null block", "empty slots"]
+
+
+def test_request_without_blocks_reads_naturally() -> None:
+    root = parse(pool_view.render_svg(small_pool(), request="C", palette=owner_colors("ABC")))
+    (table,) = [g for g in root.iter(f"{SVG}g") if g.get("id") == "pool-table"]
+    texts = [t.text for t in table.iter(f"{SVG}text")]
+    assert texts == ["request C holds no blocks at this step"]
+    one = PoolSnapshot(16, (BlockView(1, 3, ("A",), 1),), {"A": (1,)}, {"A": 3})
+    assert "block table of A: 3 tokens in 1 block of 16" in pool_view.render_svg(one,
+                                                                                request="A")
+
+
+def long_table_pool(length: int = 100) -> PoolSnapshot:
+    blocks = (BlockView(0, is_null=True),
+              *(BlockView(i, 16, ("A",), 1) for i in range(1, length + 1)))
+    return PoolSnapshot(16, blocks, {"A": tuple(range(1, length + 1))}, {"A": 16 * length})
+
+
+def table_logicals(svg: str) -> list[int]:
+    return [int(c.get("data-logical")) for c in with_class(parse(svg), "rect", "table-cell")]
+
+
+@pytest.mark.parametrize("hash_chain", [False, True])
+@pytest.mark.parametrize("focus", [0, 30, 62, 90, 98, 99])
+def test_table_focus_keeps_a_logical_entry_visible(focus: int, hash_chain: bool) -> None:
+    svg = pool_view.render_svg(long_table_pool(), request="A", table_focus=focus,
+                               hash_chain=hash_chain)
+    shown = table_logicals(svg)
+    assert focus in shown and shown[0] == 0 and shown[-1] == 99
+    assert shown == sorted(set(shown)) and len(shown) < 100
+    cells = with_class(parse(svg), "rect", "table-cell")
+    assert all(float(c.get("x")) + float(c.get("width")) <= 900 - 16 for c in cells)
+    assert svg == pool_view.render_svg(long_table_pool(), request="A", table_focus=focus,
+                                       hash_chain=hash_chain)
+
+
+def test_table_focus_defaults_and_clamps() -> None:
+    default = pool_view.render_svg(long_table_pool(), request="A")
+    assert 62 not in table_logicals(default)
+    near_start = pool_view.render_svg(long_table_pool(), request="A", table_focus=3)
+    assert table_logicals(near_start) == table_logicals(default)
+    bold_3 = 'font-size="11" font-weight="bold">3</text>'  # physical block 3, logical 3
+    assert near_start.count(bold_3) == default.count(bold_3) + 1  # the focus is bold
+    past_end = pool_view.render_svg(long_table_pool(), request="A", table_focus=500)
+    assert table_logicals(past_end) == table_logicals(default)
+    short = pool_view.render_svg(small_pool(), request="A", table_focus=62)
+    assert table_logicals(short) == [0, 1]
+    timeline = pool_timeline([long_table_pool(40), long_table_pool()])
+    assert 62 in table_logicals(timeline.at(1, request="A", table_focus=62).svg)
+    assert table_logicals(timeline.at(0, request="A", table_focus=62).svg)[-1] == 39
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"request": "A", "table_focus": -1}, "-1"), ({"request": "A", "table_focus": True}, "True"),
+     ({"request": "A", "table_focus": "62"}, "'62'"), ({"table_focus": 2}, "table_focus=2")],
+)
+def test_table_focus_bad_values_name_the_value(kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        pool_view.render_svg(small_pool(), **kwargs)
+
+
+def test_pool_picture_is_one_timeline_frame() -> None:
+    picture = pool_picture(small_pool(), request="A", hash_chain=True)
+    assert isinstance(picture, SvgPicture)
+    assert picture.svg == pool_timeline([small_pool()]).at(0, request="A", hash_chain=True).svg
+    assert picture.svg == pool_view.render_svg(small_pool(), request="A", hash_chain=True)
+    assert repr(picture).startswith("after fork: in use 3 of 5 blocks")
+    with pytest.raises(ValueError, match="'Z'"):
+        pool_picture(small_pool(), request="Z")
 
 
 # --- block pool: 30,720 blocks --------------------------------------------------------
@@ -530,6 +640,17 @@ def test_palette_is_natural_order_and_cycles() -> None:
     assert list(colors.values()) == list(OWNER_COLORS[:3])
     many = owner_colors(f"r{i}" for i in range(len(OWNER_COLORS) + 1))
     assert many[f"r{len(OWNER_COLORS)}"] == OWNER_COLORS[0]
+
+
+def test_palette_keeps_away_from_reserved_mark_colours() -> None:
+    assert {pool_view.CACHE_MARK, pool_view.NULL_FILL} <= set(RESERVED_COLORS)
+    for color in OWNER_COLORS:
+        for reserved in RESERVED_COLORS:
+            assert color_distance(color, reserved) >= MIN_MARK_DISTANCE, (color, reserved)
+    assert color_distance("#499894", pool_view.CACHE_MARK) < MIN_MARK_DISTANCE  # replaced
+    assert color_distance("#ffffff", "#ffffff") == 0.0
+    assert color_distance("#000000", "#ffffff") == pytest.approx(100.0, abs=0.1)
+    assert len(set(OWNER_COLORS)) == len(OWNER_COLORS)
 
 
 def test_show_source_renders_library_code() -> None:

@@ -1,7 +1,8 @@
 """Pictures for the course: every view is static SVG first, with ipywidgets on top.
 
 - :mod:`~course_lib.viz.pool_view`: the block pool (cells, fill, sharing, copy-on-write,
-  prefix cache), one request's block table, statistics; ``pool_timeline(snapshots)``.
+  prefix cache), one request's block table, statistics; ``pool_timeline(snapshots)``, or
+  ``pool_picture(snapshot)`` for one frame.
 - :mod:`~course_lib.viz.arena_view`: the contiguous arena of the slab allocators;
   ``arena_timeline(frames)``; ``arena_frame(allocator)`` and ``arena_frame_at(result, step)``
   turn a slab allocator or a recorded simulation into frames.
@@ -25,7 +26,7 @@ from course_lib.viz.arena_view import (
     arena_timeline,
 )
 from course_lib.viz.capacity import CapacityCalculator, plot_concurrency_vs_context
-from course_lib.viz.pool_view import PoolStats, pool_stats, pool_timeline
+from course_lib.viz.pool_view import PoolStats, pool_picture, pool_stats, pool_timeline
 from course_lib.viz.source import SourceView, show_source
 from course_lib.viz.svg import SvgPicture
 from course_lib.viz.timeline import Timeline
@@ -44,6 +45,7 @@ __all__ = [
     "arena_stats",
     "arena_timeline",
     "plot_concurrency_vs_context",
+    "pool_picture",
     "pool_stats",
     "pool_timeline",
     "show_source",

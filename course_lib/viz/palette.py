@@ -3,21 +3,42 @@
 Colours are handed out in natural order of the request ids ("req-2" before "req-10"), so
 consecutive requests get different colours and the assignment does not depend on which
 frame is drawn first. A timeline builds one palette from all its frames.
+
+The colours the pool view reserves for its marks (null block, cached-hash mark, unowned and
+many-owner fills) live here too, so the palette can be checked against them: no request
+colour lies within :data:`MIN_MARK_DISTANCE` (CIELAB ΔE) of a reserved colour.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 
 OWNER_COLORS: tuple[str, ...] = (
     "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948",
-    "#9c755f", "#ff9da7", "#499894", "#d37295", "#8cd17d", "#a0cbe8",
+    "#9c755f", "#ff9da7", "#b6992d", "#d37295", "#8cd17d", "#a0cbe8",
 )
-"""Qualitative palette (Tableau-derived) without the reds and greys used for markers."""
+"""Qualitative palette (Tableau-derived) without the reds, greys and the dark teal used for
+marks (Tableau's #499894 sat too close to :data:`CACHE_MARK` and is replaced by #b6992d)."""
 
 SHARED_BY_MANY = "#5b6770"
 """Fill of a block shared by more owners than can be drawn as stripes."""
+
+NULL_FILL = "#3d444d"
+"""Fill of the null block."""
+
+UNOWNED_FILL = "#8c959f"
+"""Fill of tokens in a block no request owns (a cached, evictable block)."""
+
+CACHE_MARK = "#12877f"
+"""Corner mark of a block carrying a prefix-cache hash."""
+
+RESERVED_COLORS: tuple[str, ...] = (NULL_FILL, CACHE_MARK, UNOWNED_FILL, SHARED_BY_MANY)
+"""Colours that mean something other than "this request"; request colours keep away."""
+
+MIN_MARK_DISTANCE = 20.0
+"""Smallest CIELAB ΔE (1976) allowed between a request colour and a reserved colour."""
 
 
 def natural_key(request_id: str) -> tuple[tuple[int, int | str], ...]:
@@ -33,6 +54,25 @@ def owner_colors(request_ids: Iterable[str]) -> dict[str, str]:
     """Map each distinct request id to a palette colour, in natural id order (cycling)."""
     ordered = sorted(set(request_ids), key=natural_key)
     return {rid: OWNER_COLORS[i % len(OWNER_COLORS)] for i, rid in enumerate(ordered)}
+
+
+def _lab(color: str) -> tuple[float, float, float]:
+    """``#rrggbb`` (sRGB, D65) as CIELAB L*, a*, b*."""
+    channels = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def color_distance(color: str, other: str) -> float:
+    """Perceptual distance of two ``#rrggbb`` colours: CIELAB ΔE (1976); ~2.3 is just visible."""
+    return math.dist(_lab(color), _lab(other))
 
 
 def mix(color: str, other: str, amount: float) -> str:

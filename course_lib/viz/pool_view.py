@@ -27,11 +27,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import ipywidgets as widgets
 
 from course_lib.snapshot import BlockView, PoolSnapshot
-from course_lib.viz.palette import SHARED_BY_MANY, mix, natural_key, owner_colors
+from course_lib.viz.palette import (
+    CACHE_MARK,
+    NULL_FILL,
+    SHARED_BY_MANY,
+    UNOWNED_FILL,
+    mix,
+    natural_key,
+    owner_colors,
+)
 from course_lib.viz.svg import (
     ALERT,
     EDGE,
@@ -40,6 +49,7 @@ from course_lib.viz.svg import (
     MARGIN,
     MUTED,
     WIDTH,
+    SvgPicture,
     Swatch,
     attrs,
     count,
@@ -55,9 +65,6 @@ from course_lib.viz.timeline import Timeline
 MAX_CELLS = 512
 """Most cells drawn; a larger pool (or window) is aggregated into at most this many."""
 
-NULL_FILL = "#3d444d"
-UNOWNED_FILL = "#8c959f"
-CACHE_MARK = "#12877f"
 RAMP_LOW, RAMP_HIGH = "#eef2f6", "#1d4f7a"
 MAX_STRIPES = 4
 """A block shared by up to this many owners is striped in their colours."""
@@ -267,8 +274,9 @@ def _block_cell(
 def _detail(
     snapshot: PoolSnapshot, start: int, stop: int, colors: Mapping[str, str],
     highlight: frozenset[int] | None, chain: Sequence[int],
-) -> tuple[list[str], float]:
-    """Blocks ``start:stop`` one cell each, with the hash-chain polyline; returns the y below."""
+) -> tuple[list[str], float, float]:
+    """Blocks ``start:stop`` one cell each, with the hash-chain polyline; returns the y below
+    and the cell side."""
     cols, pitch = _grid(stop - start)
     size = pitch - max(1.0, pitch * 0.1)
     pieces: list[str] = []
@@ -287,19 +295,21 @@ def _detail(
                         for i, (px, py) in enumerate(points))
         pieces.append(f'<g class="hash-chain"><polyline {line}/>{nodes}</g>')
     rows = math.ceil((stop - start) / cols)
-    return pieces, GRID_TOP + rows * pitch + 6
+    return pieces, GRID_TOP + rows * pitch + 6, size
 
 
 def _aggregate(
     snapshot: PoolSnapshot, start: int, stop: int, max_cells: int
-) -> tuple[list[str], float, int]:
-    """Runs of consecutive blocks, one cell each, shaded by the share in use."""
+) -> tuple[list[str], float, int, set[str]]:
+    """Runs of consecutive blocks, one cell each, shaded by the share in use; returns the
+    pieces, the y below, the run length and the run marks drawn (``run-cow``, ``run-cached``)."""
     run = math.ceil((stop - start) / max_cells)
     cells = math.ceil((stop - start) / run)
     cols, pitch = _grid(cells)
     size = pitch - max(1.0, pitch * 0.1)
     ramp = [mix(RAMP_LOW, RAMP_HIGH, level / 10) for level in range(11)]
     pieces: list[str] = []
+    marks: set[str] = set()
     blocks = snapshot.blocks
     for c in range(cells):
         first = start + c * run
@@ -320,14 +330,16 @@ def _aggregate(
                            data_first=first, data_last=first + len(group) - 1,
                            data_used=used, fill=ramp[round(share * 10)]))
         if cached:
+            marks.add("run-cached")
             mark = size * 0.35
             pieces.append(f'<path d="M{num(x + size - mark)} {num(y)}h{num(mark)}v{num(mark)}z" '
                           f'fill="{CACHE_MARK}"/>')
         if cow:
+            marks.add("run-cow")
             pieces.append(rect(x + 1, y + 1, size - 2, size - 2, fill="none",
                                stroke=EVENT_STYLES["cow-copy"].stroke, stroke_width=2.0))
     rows = math.ceil(cells / cols)
-    return pieces, GRID_TOP + rows * pitch + 6, run
+    return pieces, GRID_TOP + rows * pitch + 6, run, marks
 
 
 def _owner_legend(
@@ -348,51 +360,112 @@ def _owner_legend(
     return legend(items, y)
 
 
-def _marker_legend(y: float, aggregated_run: int | None) -> tuple[list[str], float]:
-    """What the marks mean; in aggregate mode, the shading scale instead of block marks."""
+MARKS: dict[str, tuple[Swatch, str]] = {
+    "null": (Swatch(NULL_FILL), "null block"),
+    "empty": (Swatch(EMPTY, EDGE), "empty slots"),
+    "refs": (Swatch(INK, glyph="×n"), "reference count"),
+    "many": (Swatch(SHARED_BY_MANY), f"shared by more than {MAX_STRIPES}"),
+    "cached": (Swatch(CACHE_MARK), "cached hash (free = evictable)"),
+    **{event: (EVENT_STYLES[event], label) for event, label in EVENT_LABELS.items()},
+}
+"""Legend entry of each mark a detailed block can show, in legend order."""
+
+
+def _detail_marks(blocks: Sequence[BlockView], block_size: int, cell: float) -> set[str]:
+    """The keys of :data:`MARKS` that ``blocks``, drawn as cells of side ``cell``, show."""
+    marks: set[str] = set()
+    for block in blocks:
+        if block.is_null:
+            marks.add("null")
+            continue
+        if block.tokens < block_size:
+            marks.add("empty")
+        if block.ref_count > 1 and cell >= 14:
+            marks.add("refs")
+        if block.tokens and len(block.owners) > MAX_STRIPES:
+            marks.add("many")
+        if block.cached_hash is not None:
+            marks.add("cached")
+        if block.event is not None:
+            marks.add(block.event)
+    return marks
+
+
+def _marker_legend(
+    y: float, marks: set[str], aggregated_run: int | None
+) -> tuple[list[str], float]:
+    """What the marks drawn mean, only those drawn, in :data:`MARKS` order; in aggregate
+    mode, the shading scale and the run marks come first (block marks only from a table)."""
+    items: list[tuple[Swatch, str]] = []
     if aggregated_run is not None:
-        ramp = [(Swatch(mix(RAMP_LOW, RAMP_HIGH, share)), f"{share:.0%} in use")
-                for share in (0.0, 0.5, 1.0)]
-        return legend([
-            *ramp,
-            (Swatch(EMPTY, EVENT_STYLES["cow-copy"].stroke, 2.0),
-             "holds a copy-on-write copy"),
-            (Swatch(CACHE_MARK), "holds cached blocks"),
-            (Swatch("#ffffff", EDGE), f"1 cell = {aggregated_run:,} blocks"),
-        ], y)
-    return legend([
-        (Swatch(NULL_FILL), "null block"),
-        (Swatch(EMPTY, EDGE), "empty slots"),
-        (Swatch(INK, glyph="×n"), "reference count"),
-        (Swatch(SHARED_BY_MANY), f"shared by more than {MAX_STRIPES}"),
-        (Swatch(CACHE_MARK), "cached hash (free = evictable)"),
-        *((EVENT_STYLES[event], label) for event, label in EVENT_LABELS.items()),
-    ], y)
+        items += [(Swatch(mix(RAMP_LOW, RAMP_HIGH, share)), f"{share:.0%} in use")
+                  for share in (0.0, 0.5, 1.0)]
+        if "run-cow" in marks:
+            items.append((Swatch(EMPTY, EVENT_STYLES["cow-copy"].stroke, 2.0),
+                          "holds a copy-on-write copy"))
+        if "run-cached" in marks:
+            items.append((Swatch(CACHE_MARK), "holds cached blocks"))
+        items.append((Swatch("#ffffff", EDGE), f"1 cell = {aggregated_run:,} blocks"))
+    items += [entry for key, entry in MARKS.items() if key in marks]
+    if not items:
+        return [], y
+    return legend(items, y)
+
+
+TABLE_LABEL_W = 70.0
+"""Width of the block table's row labels."""
+
+
+def _table_col_w(hash_chain: bool) -> float:
+    """Width of one block-table column (wider when it shows hashes)."""
+    return 46.0 if hash_chain else 30.0
+
+
+def _table_columns(length: int, hash_chain: bool, focus: int | None) -> list[int | None]:
+    """Logical indices a block table of ``length`` entries shows, ``None`` for an elision.
+
+    A table too long for the width keeps its first and last entries; the middle shows
+    ``focus`` (clamped to the table) with its neighbours, else the entries after the first.
+    """
+    fit = int((WIDTH - 2 * MARGIN - TABLE_LABEL_W) // _table_col_w(hash_chain))
+    if length <= fit:
+        return list(range(length))
+    last = length - 1
+    focus = None if focus is None else min(focus, last)
+    if focus is None or focus < fit - 2 or focus == last:
+        return [*range(fit - 2), None, last]
+    span = fit - 4
+    first = max(1, min(focus - span // 2, last - span))
+    keep = sorted({0, last, *range(first, first + span)})
+    shown: list[int | None] = []
+    for logical in keep:
+        if shown and shown[-1] is not None and logical != shown[-1] + 1:
+            shown.append(None)
+        shown.append(logical)
+    return shown
 
 
 def _block_table(
     snapshot: PoolSnapshot, request: str, hash_chain: bool, colors: Mapping[str, str],
-    by_id: Mapping[int, BlockView], y: float, dom_id: str,
+    by_id: Mapping[int, BlockView], y: float, dom_id: str, shown: Sequence[int | None],
+    focus: int | None,
 ) -> tuple[list[str], float]:
     """The request's block table as rows: logical index, physical block, tokens, hash."""
     table = snapshot.tables.get(request, ())
-    head = f"block table of {request}"
-    if request in snapshot.seq_lens:
-        head += f": {snapshot.seq_lens[request]:,} tokens"
-    head += f" in {len(table)} blocks of {snapshot.block_size}"
+    if table:
+        head = f"block table of {request}"
+        if request in snapshot.seq_lens:
+            head += f": {snapshot.seq_lens[request]:,} tokens"
+        head += f" in {count(len(table), 'block')} of {snapshot.block_size}"
+    else:
+        head = f"request {request} holds no blocks at this step"
     pieces = [f'<g {attrs(id=f"{dom_id}-table", class_="block-table", data_request=request)}>',
               text(MARGIN, y + 14, head, font_size=13, font_weight="bold")]
     y += 24
     if not table:
-        pieces.append(text(MARGIN, y + 12, f"{request} holds no blocks at this step",
-                           fill=MUTED))
-        return [*pieces, "</g>"], y + 24
-    label_w, col_w, row_h = 70.0, 46.0 if hash_chain else 30.0, 20.0
-    fit = int((WIDTH - 2 * MARGIN - label_w) // col_w)
-    shown: list[int | None] = (
-        list(range(len(table))) if len(table) <= fit
-        else [*range(fit - 2), None, len(table) - 1]
-    )
+        return [*pieces, "</g>"], y
+    label_w, col_w, row_h = TABLE_LABEL_W, _table_col_w(hash_chain), 20.0
+    focus = None if focus is None else min(focus, len(table) - 1)
     row_names = ["logical", "physical", "tokens"] + (["hash"] if hash_chain else [])
     for r, name in enumerate(row_names):
         pieces.append(text(MARGIN, y + r * row_h + 14, name, fill=MUTED, font_size=11))
@@ -405,7 +478,8 @@ def _block_table(
         block = by_id[table[logical]]
         cell = col_w - 4
         pieces += [
-            text(x + col_w / 2, y + 14, logical, text_anchor="middle", font_size=11),
+            text(x + col_w / 2, y + 14, logical, text_anchor="middle", font_size=11,
+                 font_weight="bold" if logical == focus else None),
             rect(x, y + row_h, cell, row_h - 2, class_="table-cell", rx=2, fill=EMPTY,
                  stroke=EVENT_STYLES[block.event].stroke if block.event else EDGE,
                  stroke_width=2.0 if block.event else 0.5,
@@ -434,6 +508,7 @@ def render_svg(
     max_cells: int = MAX_CELLS,
     palette: Mapping[str, str] | None = None,
     dom_id: str = "pool",
+    table_focus: int | None = None,
 ) -> str:
     """The snapshot as SVG text; same arguments give byte-identical output.
 
@@ -441,9 +516,19 @@ def render_svg(
     bright); ``hash_chain`` overlays its chain of hashed blocks; ``window=(start, stop)``
     limits the drawing to those blocks; more than ``max_cells`` blocks are aggregated;
     ``palette`` maps request ids to colours (a timeline passes one for all its frames).
+    ``table_focus`` is the logical index of the request's block table that stays visible
+    when the table is too long to show in full (one past the end shows the end, so one
+    focus serves every frame of a growing table). The legend lists only the marks drawn.
     """
     if isinstance(max_cells, bool) or not isinstance(max_cells, int) or max_cells <= 0:
         raise ValueError(f"max_cells must be a positive integer, got {max_cells!r}")
+    if table_focus is not None:
+        if (isinstance(table_focus, bool) or not isinstance(table_focus, int)
+                or table_focus < 0):
+            raise ValueError(
+                f"table_focus must be a non-negative integer or None, got {table_focus!r}")
+        if request is None:
+            raise ValueError(f"table_focus={table_focus!r} needs a request whose table to show")
     stats = pool_stats(snapshot)
     start, stop = _check_window(window, len(snapshot.blocks))
     detail = stop - start <= max_cells
@@ -470,26 +555,46 @@ def render_svg(
              data_utilization=f"{stats.utilization:.4f}"),
     ]
     run: int | None = None
+    shown = _table_columns(len(table), hash_chain, table_focus)
+    marks = {by_id[table[i]].event for i in shown if i is not None} - {None}
     if detail:
         drawn = _drawn_ids(snapshot, start, stop)
         missing = [rid for rid in drawn if rid not in colors]
         if missing:
             raise ValueError(f"palette has no colour for request {missing[0]!r}")
         chain = [b for b in table if by_id[b].cached_hash is not None] if hash_chain else []
-        grid, y = _detail(snapshot, start, stop, colors,
-                          frozenset(table) if table else None, chain)
+        grid, y, cell = _detail(snapshot, start, stop, colors,
+                                frozenset(table) if table else None, chain)
+        marks |= _detail_marks(snapshot.blocks[start:stop], snapshot.block_size, cell)
         owners, y = _owner_legend(snapshot, drawn, colors, y)
         grid += owners
     else:
-        grid, y, run = _aggregate(snapshot, start, stop, max_cells)
+        grid, y, run, run_marks = _aggregate(snapshot, start, stop, max_cells)
+        marks |= run_marks
     pieces += grid
-    marks, y = _marker_legend(y, run)
-    pieces += marks
+    key, y = _marker_legend(y, marks, run)
+    pieces += key
     if request is not None:
-        rows, y = _block_table(snapshot, request, hash_chain, colors, by_id, y + 4, dom_id)
+        rows, y = _block_table(snapshot, request, hash_chain, colors, by_id, y + 4, dom_id,
+                               shown, table_focus)
         pieces += rows
-    title = f"{snapshot.label or 'block pool'}: {stats.line()}"
-    return document(y + MARGIN - 8, pieces, title=title, class_="course-pool")
+    return document(y + MARGIN - 8, pieces, title=_summary(snapshot, stats),
+                    class_="course-pool")
+
+
+def _summary(snapshot: PoolSnapshot, stats: PoolStats | None = None) -> str:
+    """One line saying what a snapshot holds: its label and statistics."""
+    stats = pool_stats(snapshot) if stats is None else stats
+    return f"{snapshot.label or 'block pool'}: {stats.line()}"
+
+
+def pool_picture(snapshot: PoolSnapshot, **options: Any) -> SvgPicture:
+    """One snapshot as a static picture (what ``pool_timeline(...).at(step)`` returns).
+
+    ``options`` are those of :func:`render_svg` (``request``, ``hash_chain``, ``window``,
+    ``table_focus``, ``max_cells``, ``palette``, ``dom_id``).
+    """
+    return SvgPicture(render_svg(snapshot, **options), _summary(snapshot))
 
 
 def _windows(count: int, max_cells: int) -> list[tuple[str, tuple[int, int]]]:
@@ -509,8 +614,9 @@ def pool_timeline(
     name: str = "pool",
     interval_ms: int = 500,
 ) -> Timeline[PoolSnapshot]:
-    """A timeline over pool snapshots: ``.at(step, request=..., hash_chain=..., window=...)``
-    for a static picture, ``.widget()`` for Play, slider, request and window choosers.
+    """A timeline over pool snapshots: ``.at(step, request=..., hash_chain=..., window=...,
+    table_focus=...)`` for a static picture, ``.widget()`` for Play, slider, request and
+    window choosers.
 
     Colours come from one palette over all snapshots, so a request keeps its colour.
     """
@@ -522,10 +628,11 @@ def pool_timeline(
 
     def draw(
         snapshot: PoolSnapshot, *, dom_id: str, request: str = "", hash_chain: bool = False,
-        window: tuple[int, int] | None = None,
+        window: tuple[int, int] | None = None, table_focus: int | None = None,
     ) -> str:
         return render_svg(snapshot, request=request or None, hash_chain=hash_chain,
-                          window=window, max_cells=max_cells, palette=colors, dom_id=dom_id)
+                          window=window, max_cells=max_cells, palette=colors, dom_id=dom_id,
+                          table_focus=table_focus)
 
     def controls() -> dict[str, widgets.ValueWidget]:
         chosen: dict[str, widgets.ValueWidget] = {
@@ -541,8 +648,5 @@ def pool_timeline(
                                                 description="blocks")
         return chosen
 
-    def describe(snapshot: PoolSnapshot) -> str:
-        return f"{snapshot.label or 'block pool'}: {pool_stats(snapshot).line()}"
-
-    return Timeline(snapshots, draw, name=name, describe=describe, controls=controls,
+    return Timeline(snapshots, draw, name=name, describe=_summary, controls=controls,
                     step=step, interval_ms=interval_ms)
