@@ -146,7 +146,8 @@ def test_block_pool_widget_follows_its_timeline_slider(browser, lab: str) -> Non
         wait_for_idle(page)
         view.scroll_into_view_if_needed()
         before = (view.get_attribute("data-step"), page.locator("#pool-view").inner_html())
-        page.screenshot(path=str(ARTIFACTS / "pool-before.png"))
+        page.screenshot(path=str(ARTIFACTS / "pool-before-page.png"))
+        view.screenshot(path=str(ARTIFACTS / "pool-before.png"))
         handle = page.locator(".pool-slider .noUi-handle, .pool-slider .ui-slider-handle").first
         handle.focus()
         page.keyboard.press("Home")
@@ -155,7 +156,7 @@ def test_block_pool_widget_follows_its_timeline_slider(browser, lab: str) -> Non
             arg=before[0], timeout=60_000,
         )
         after = (view.get_attribute("data-step"), page.locator("#pool-view").inner_html())
-        page.screenshot(path=str(ARTIFACTS / "pool-after.png"))
+        view.screenshot(path=str(ARTIFACTS / "pool-after.png"))
         assert after[0] != before[0]
         assert after[1] != before[1]  # the drawn pool changed, not only the step label
         blocks_before = before[1].count('class="block')
