@@ -402,6 +402,13 @@ def test_without_a_gpu_the_interpreter_is_switched_on() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def run_without_interpreter_flag(script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh Python with TRITON_INTERPRET unset, as a learner would."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, check=True)
+
+
 def test_triton_imported_first_is_reported_not_run_wrongly() -> None:
     # Triton's own jit functions (tl.max, tl.cdiv) are built for a GPU when it is imported
     # without TRITON_INTERPRET; interpreted kernels that call them fail obscurely.
@@ -413,9 +420,7 @@ def test_triton_imported_first_is_reported_not_run_wrongly() -> None:
         "except a.KernelsUnavailable as error:\n"
         "    print(error)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          check=True)
+    done = run_without_interpreter_flag(script)
     assert "import course_lib.attention first" in done.stdout
 
 
@@ -432,9 +437,7 @@ def test_without_triton_the_references_work_and_the_kernel_says_why() -> None:
         "except a.KernelsUnavailable as error:\n"
         "    print(error)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          check=True)
+    done = run_without_interpreter_flag(script)
     assert "Triton is not installed" in done.stdout
     assert done.stderr == ""
 

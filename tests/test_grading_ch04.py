@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from course_lib.grading import chapter_exercises, find_exercise
+from course_lib.grading.ch04 import _library_append as library_append
+from course_lib.grading.ch04 import _library_fork as library_fork
 from course_lib.grading.check import CheckResult, evaluate
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool
@@ -16,20 +18,6 @@ from course_lib.prefix_cache import block_hashes, hash_block_tokens
 from course_lib.sharing import system_prompt_sharing
 
 # --- answers built from the library -----------------------------------------------------
-
-
-def library_fork(pool: BlockPool, table: list[int]) -> list[int]:
-    for block in table:
-        pool.share(block)
-    return list(table)
-
-
-def library_append(pool: BlockPool, table: list[int], length: int) -> int:
-    if length % pool.block_size == 0:
-        table.append(pool.allocate())
-    elif pool.ref_count(table[-1]) > 1:
-        table[-1] = pool.copy_on_write(table[-1])
-    return length + 1
 
 
 def library_hashes(token_ids: list[int], block_size: int, cache_salt: str | None = None) -> list:
