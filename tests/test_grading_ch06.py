@@ -1,23 +1,21 @@
-"""Chapter 06's checks: the library (behind each exercise's interface) passes every case, other
-correct designs pass too, typical mistakes fail with a report that names the call, what came
-back, what was expected and a hint, and stubs (a Triton kernel's included) read as not solved.
+"""Chapter 06's checks: a correct answer passes every case, other correct designs pass too,
+typical mistakes (at least three per exercise) fail with a report that names the call, what
+came back, what was expected and a hint, and stubs (a Triton kernel's included) read as not
+solved. The kernels below stand in for the learner's: one correct design whose mistakes can
+be switched on one at a time, and a second correct design that walks whole blocks in base 2.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from course_lib.attention import (
-    gather_paged_kv,
-    kernel_device,
-    paged_attention_decode,
-    paged_attention_reference,
-)
+from course_lib.attention import paged_attention_decode
 from course_lib.grading import chapter_exercises, find_exercise
 from course_lib.grading.check import CheckResult, evaluate
 
@@ -26,11 +24,203 @@ from course_lib.grading.check import CheckResult, evaluate
 import triton
 import triton.language as tl
 
-# --- the library behind the exercises' interfaces -----------------------------------------------
+# --- kernels like the learner's: one correct design with switchable mistakes, and another -----
+
+# Which mistake a kernel makes; constexpr so that the kernels may read them as globals.
+NONE, INT32_BLOCK, TILE_MAX, NO_MAX, UNMASKED_V, GQA_MODULO, MASK_LE, NO_RESCALE, \
+    NO_NORMALISE, LSE_NO_MAX, LSE_BASE2, EMPTY_NAN, FLOOR_SHARE = map(tl.constexpr, range(13))
 
 
-def library_token_offset(block_table: Any, t: int, kv_head: int, block_size: int,
-                         strides: tuple[int, ...]) -> int:
+@triton.jit
+def split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr, scale,
+                 num_splits,
+                 stride_qb, stride_qh, stride_qd, stride_kb, stride_kt, stride_kh, stride_kd,
+                 stride_vb, stride_vt, stride_vh, stride_vd, stride_tb, stride_tn,
+                 GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MISTAKE: tl.constexpr):
+    """One (sequence, KV head, split): tiles of TILE_N tokens, tl.dot, natural exp.
+
+    Writes the split's normalised output to out[seq, head, split] and its log-sum-exp to
+    lse[seq, head, split] (both contiguous, float32). ``MISTAKE`` switches one learner
+    mistake on.
+    """
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if MISTAKE == FLOOR_SHARE:
+        share = tl.maximum(seq_len // num_splits, 1)
+    else:
+        share = tl.cdiv(seq_len, num_splits)
+    lo = tl.minimum(split * share, seq_len)
+    hi = tl.minimum(lo + share, seq_len)
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    # Query head h reads KV head h // GROUP; the mistake reads KV head h % kv_heads.
+    heads = rows * tl.num_programs(1) + kv_head if MISTAKE == GQA_MODULO else kv_head * GROUP + rows
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for start in range(lo, hi, TILE_N):
+        tokens = start + tl.arange(0, TILE_N)
+        ok = tokens < hi
+        block = tl.load(table_ptr + seq * stride_tb + (tokens // BLOCK_SIZE) * stride_tn,
+                        mask=ok, other=0)
+        if MISTAKE != INT32_BLOCK:
+            block = block.to(tl.int64)
+        if MISTAKE == MASK_LE:
+            ok = tokens <= hi
+        slot = tokens % BLOCK_SIZE
+        k = tl.load(k_ptr + (block * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
+                    + dims[None, :] * stride_kd, mask=ok[:, None], other=0.0)
+        v_rows = v_ptr + (block * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None]
+        if MISTAKE == UNMASKED_V:
+            v = tl.load(v_rows + dims[None, :] * stride_vd)
+        else:
+            v = tl.load(v_rows + dims[None, :] * stride_vd, mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        if MISTAKE == TILE_MAX:
+            m_new = tl.max(s, 1)
+        elif MISTAKE == NO_MAX:
+            m_new = tl.zeros([GROUP_PAD], tl.float32)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MISTAKE != NO_RESCALE:
+            acc = acc * alpha[:, None]
+        acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    if MISTAKE == EMPTY_NAN:
+        out = acc / l_i[:, None]
+        lse = m_i + tl.log(l_i)
+    else:
+        has = l_i > 0
+        l_safe = tl.where(has, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
+    if MISTAKE == NO_NORMALISE:
+        out = acc
+    if MISTAKE == LSE_NO_MAX:
+        lse = tl.log(l_i)
+    if MISTAKE == LSE_BASE2:
+        lse = m_i + tl.log2(l_i)
+    part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
+    tl.store(out_ptr + part[:, None] * HEAD_DIM + dims[None, :], out, mask=row_ok[:, None])
+    tl.store(lse_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def block_walk_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr, scale,
+                      num_splits,
+                      stride_qb, stride_qh, stride_qd, stride_kb, stride_kt, stride_kh,
+                      stride_kd, stride_vb, stride_vt, stride_vh, stride_vd, stride_tb,
+                      stride_tn,
+                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr):
+    """Another design: one whole block per step (a scalar block id), base-2 exponentials, no
+    tl.dot (broadcast products summed), and the log-sum-exp converted back to natural log."""
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    share = tl.cdiv(seq_len, num_splits)
+    lo = tl.minimum(split * share, seq_len)
+    hi = tl.minimum(lo + share, seq_len)
+    rows = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + rows
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=(rows < GROUP)[:, None], other=0.0).to(tl.float32)
+    q = q * (scale * 1.4426950408889634)  # log2(e): scores in base 2
+    m2 = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    total = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    last = tl.where(hi > lo, tl.cdiv(hi, BLOCK_SIZE), lo // BLOCK_SIZE)  # empty: no step
+    for logical in range(lo // BLOCK_SIZE, last):
+        physical = tl.load(table_ptr + seq * stride_tb + logical * stride_tn).to(tl.int64)
+        tokens = logical * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        ok = (tokens >= lo) & (tokens < hi)
+        k = tl.load(k_ptr + physical * stride_kb + kv_head * stride_kh
+                    + tl.arange(0, BLOCK_SIZE)[:, None] * stride_kt + dims[None, :] * stride_kd,
+                    mask=ok[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + physical * stride_vb + kv_head * stride_vh
+                    + tl.arange(0, BLOCK_SIZE)[:, None] * stride_vt + dims[None, :] * stride_vd,
+                    mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m2, tl.max(s, 1))
+        alpha = tl.exp2(m2 - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        total = total * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m2 = m_new
+    has = total > 0
+    safe = tl.where(has, total, 1.0)
+    lse = tl.where(has, (m2 + tl.log2(safe)) * 0.6931471805599453, float("-inf"))
+    part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
+    tl.store(out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc / safe[:, None],
+             mask=(rows < GROUP)[:, None])
+    tl.store(lse_ptr + part, lse, mask=rows < GROUP)
+
+
+def launch_splits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  tables: torch.Tensor, lens: torch.Tensor, scale: float, num_splits: int,
+                  mistake: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's output and lse; ``mistake=None`` runs the block-walking design."""
+    batch, q_heads, head_dim = q.shape
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = q_heads // kv_heads
+    part_out = torch.empty(batch, q_heads, num_splits, head_dim, device=q.device)
+    part_lse = torch.empty(batch, q_heads, num_splits, device=q.device)
+    args = (q, k_cache, v_cache, tables, lens, part_out, part_lse, scale, num_splits,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *tables.stride())
+    sizes = {"GROUP": group, "GROUP_PAD": max(16, triton.next_power_of_2(group)),
+             "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size, "enable_fp_fusion": True}
+    grid = (batch, kv_heads, num_splits)
+    if mistake is None:
+        block_walk_kernel[grid](*args, **sizes)
+    else:
+        split_kernel[grid](*args, **sizes, TILE_N=16, MISTAKE=mistake)
+    return part_out, part_lse
+
+
+def softmax_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """torch.softmax over the splits does the max subtraction itself."""
+    return (torch.softmax(lses, dim=-1)[..., None] * outputs).sum(dim=-2)
+
+
+def decoder(mistake: int | None = NONE) -> Any:
+    """A ``paged_decode`` launcher: one split, whose normalised output is the answer."""
+    def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+        return launch_splits(q, k_cache, v_cache, tables, lens, scale, 1, mistake)[0][:, :, 0]
+
+    return paged_decode
+
+
+def splitter(mistake: int | None = NONE, merge: Any = softmax_merge) -> Any:
+    """A ``paged_decode_split`` launcher: partials, then ``merge``."""
+    def paged_decode_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           tables: torch.Tensor, lens: torch.Tensor, scale: float,
+                           num_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        part_out, part_lse = launch_splits(q, k_cache, v_cache, tables, lens, scale,
+                                           num_splits, mistake)
+        return merge(part_out, part_lse), part_out, part_lse
+
+    return paged_decode_split
+
+
+# --- answers for the exercises without a kernel ---------------------------------------------------
+
+
+def token_offset(block_table: Any, t: int, kv_head: int, block_size: int,
+                 strides: tuple[int, ...]) -> int:
     """Torch's own view arithmetic on an empty (meta) tensor with those strides."""
     if not 0 <= t < len(block_table) * block_size:
         raise ValueError(f"token {t} is not covered by the block table")
@@ -38,118 +228,6 @@ def library_token_offset(block_table: Any, t: int, kv_head: int, block_size: int
     size = (block + 1, block_size, kv_head + 1, 1)
     cache = torch.empty(0, device="meta").as_strided(size, strides)
     return cache[block, t % block_size, kv_head, 0].storage_offset()
-
-
-def library_copy(cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    keys, _ = gather_paged_kv(cache, cache, table, lens)
-    keys = keys[:, : int(lens.max())]
-    valid = torch.arange(keys.shape[1], device=keys.device)[None, :] < lens[:, None]
-    return torch.where(valid[:, :, None, None], keys, torch.zeros((), dtype=keys.dtype,
-                                                                   device=keys.device))
-
-
-def library_kernel_program(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           table_row: torch.Tensor, seq_len: int, kv_head: int,
-                           tile_n: int = 16) -> torch.Tensor:
-    """The course's Triton kernel on a batch of one sequence and one KV head, in fp32."""
-    heads = slice(kv_head, kv_head + 1)
-    args = (q[None].float(), k_cache[:, :, heads].float(), v_cache[:, :, heads].float(),
-            table_row[None].int(), torch.tensor([seq_len], dtype=torch.int32))
-    device = kernel_device()
-    return paged_attention_decode(*(a.to(device) for a in args))[0].cpu()
-
-
-def library_reference_program(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              table_row: torch.Tensor, seq_len: int, kv_head: int,
-                              tile_n: int = 16) -> torch.Tensor:
-    heads = slice(kv_head, kv_head + 1)
-    return paged_attention_reference(q[None], k_cache[:, :, heads], v_cache[:, :, heads],
-                                     table_row[None].int(),
-                                     torch.tensor([seq_len], dtype=torch.int32))[0]
-
-
-def softmax_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(lses, dim=0) @ outputs
-
-
-LIBRARY: dict[str, Any] = {
-    "06.token_offset": library_token_offset,
-    "06.paged_copy": library_copy,
-    "06.decode_program": library_kernel_program,
-    "06.merge_splits": softmax_merge,
-}
-
-
-def run(name: str, obj: Any) -> CheckResult:
-    return evaluate(find_exercise(name), obj)
-
-
-def test_every_exercise_has_a_library_answer() -> None:
-    assert {e.name for e in chapter_exercises("06")} == set(LIBRARY)
-
-
-@pytest.mark.parametrize("name", sorted(LIBRARY))
-def test_library_passes_every_case(name: str) -> None:
-    result = run(name, LIBRARY[name])
-    assert result.status == "passed", result.report_text()
-
-
-# --- a Triton kernel like the learner's, its launcher, and two wrong ones ----------------------
-
-
-@triton.jit
-def copy_kernel(cache_ptr, table_ptr, seq_lens_ptr, out_ptr,
-                stride_cb, stride_ct, stride_ch, stride_cd, stride_tb, stride_tn,
-                stride_ob, stride_ot, stride_oh, stride_od,
-                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr,
-                USE_TABLE: tl.constexpr, MASK_STORE: tl.constexpr):
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    tokens = tl.program_id(2) * TILE_N + tl.arange(0, TILE_N)
-    dims = tl.arange(0, HEAD_DIM)
-    ok = tokens < tl.load(seq_lens_ptr + seq)
-    if USE_TABLE:
-        block = tl.load(table_ptr + seq * stride_tb + (tokens // BLOCK_SIZE) * stride_tn,
-                        mask=ok, other=0).to(tl.int64)
-    else:  # the mistake: logical block = physical block
-        block = (tokens // BLOCK_SIZE).to(tl.int64)
-    src = cache_ptr + (block * stride_cb + (tokens % BLOCK_SIZE) * stride_ct
-                       + head * stride_ch)[:, None] + dims[None, :] * stride_cd
-    rows = tl.load(src, mask=ok[:, None], other=float("nan"))
-    dst = out_ptr + seq * stride_ob + tokens[:, None] * stride_ot + head * stride_oh
-    store_mask = ok[:, None] if MASK_STORE else None  # the mistake: store every lane
-    tl.store(dst + dims[None, :] * stride_od, rows, mask=store_mask)
-
-
-@triton.jit
-def stub_kernel(cache_ptr, BLOCK_SIZE: tl.constexpr):
-    raise NotImplementedError("look up the block, load, store")
-
-
-def launcher(use_table: bool = True, mask_store: bool = True, stub: bool = False) -> Any:
-    def paged_copy(cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        batch, max_len, tile_n = table.shape[0], int(lens.max()), 16
-        _, block_size, heads, head_dim = cache.shape
-        padded = triton.cdiv(max_len, tile_n) * tile_n  # a whole last tile stays inside out
-        out = torch.zeros(batch, padded, heads, head_dim, dtype=cache.dtype, device=cache.device)
-        if stub:
-            stub_kernel[(1,)](cache, BLOCK_SIZE=block_size)
-        copy_kernel[(batch, heads, padded // tile_n)](
-            cache, table, lens, out, *cache.stride(), *table.stride(), *out.stride(),
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, TILE_N=tile_n, USE_TABLE=use_table,
-            MASK_STORE=mask_store)
-        return out[:, :max_len]
-
-    return paged_copy
-
-
-def test_a_triton_kernel_passes_and_its_stub_is_not_yet_solved() -> None:
-    assert run("06.paged_copy", launcher()).status == "passed"
-    result = run("06.paged_copy", launcher(stub=True))
-    assert (result.status, result.passed) == ("not-solved", 0)
-
-
-# --- other correct designs ----------------------------------------------------------------------
 
 
 def offset_numpy(block_table: Any, t: int, kv_head: int, block_size: int,
@@ -160,44 +238,56 @@ def offset_numpy(block_table: Any, t: int, kv_head: int, block_size: int,
     return int(index @ np.array(strides, dtype=np.int64))
 
 
-def whole_sequence_program(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           table_row: torch.Tensor, seq_len: int, kv_head: int,
-                           tile_n: int = 16) -> torch.Tensor:
-    """No tiles and no online softmax: gather every token, then an ordinary softmax."""
-    tokens = torch.arange(seq_len)
-    blocks = table_row.long()[tokens // k_cache.shape[1]]
-    slots = tokens % k_cache.shape[1]
-    k = k_cache[blocks, slots, kv_head].double()
-    v = v_cache[blocks, slots, kv_head].double()
-    weights = torch.softmax(q.double() @ k.T / math.sqrt(q.shape[-1]), dim=-1)
-    return (weights @ v).float()
+def logsumexp_merge(outputs: torch.Tensor, lses: torch.Tensor) -> list[Any]:
+    """Weights from torch.logsumexp, returned as nested lists (plain data, not a tensor)."""
+    weights = torch.exp(lses - torch.logsumexp(lses, dim=-1, keepdim=True))
+    return (weights[..., None] * outputs).sum(dim=-2).tolist()
 
 
-def loop_merge(outputs: torch.Tensor, lses: torch.Tensor) -> list[float]:
-    """A running merge, one split at a time, returning a plain list."""
-    m, total, acc = -math.inf, 0.0, [0.0] * outputs.shape[1]
-    for row, lse in zip(outputs.tolist(), lses.tolist(), strict=True):
-        if lse == -math.inf:
-            continue
-        m_new = max(m, lse)
-        correction, weight = math.exp(m - m_new), math.exp(lse - m_new)
-        acc = [a * correction + weight * x for a, x in zip(acc, row, strict=True)]
-        total, m = total * correction + weight, m_new
-    return [a / total for a in acc]
+def library_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The course's own kernel (tiles of 64, exp2, output in q's dtype)."""
+    return paged_attention_decode(q, k_cache, v_cache, tables, lens, scale, num_splits=1)
+
+
+CORRECT: dict[str, Any] = {
+    "06.token_offset": token_offset,
+    "06.paged_decode": decoder(),
+    "06.merge_splits": softmax_merge,
+    "06.split_decode": splitter(),
+}
+
+
+def run(name: str, obj: Any) -> CheckResult:
+    with warnings.catch_warnings():  # a wrong kernel's NaN makes numpy warn in the interpreter
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return evaluate(find_exercise(name), obj)
+
+
+def test_every_exercise_has_a_correct_answer() -> None:
+    assert {e.name for e in chapter_exercises("06")} == set(CORRECT)
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_a_correct_answer_passes_every_case(name: str) -> None:
+    result = run(name, CORRECT[name])
+    assert result.status == "passed", result.report_text()
 
 
 @pytest.mark.parametrize("name, answer", [
     ("06.token_offset", offset_numpy),
-    ("06.decode_program", whole_sequence_program),
-    ("06.decode_program", library_reference_program),
-    ("06.merge_splits", loop_merge),
+    ("06.paged_decode", decoder(None)),
+    ("06.paged_decode", library_decode),
+    ("06.merge_splits", logsumexp_merge),
+    ("06.split_decode", splitter(None)),
+    ("06.split_decode", splitter(None, merge=logsumexp_merge)),
 ])
 def test_other_correct_designs_pass(name: str, answer: Any) -> None:
     result = run(name, answer)
     assert result.status == "passed", result.report_text()
 
 
-# --- typical mistakes ---------------------------------------------------------------------------
+# --- typical mistakes -----------------------------------------------------------------------------
 
 
 def offset_without_table(block_table: Any, t: int, kv_head: int, block_size: int,
@@ -219,50 +309,53 @@ def offset_unchecked(block_table: Any, t: int, kv_head: int, block_size: int,
             + kv_head * strides[2])
 
 
-def program_without_running_max(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                table_row: torch.Tensor, seq_len: int, kv_head: int,
-                                tile_n: int = 16) -> torch.Tensor:
-    tokens = torch.arange(seq_len)
-    blocks = table_row.long()[tokens // k_cache.shape[1]]
-    k = k_cache[blocks, tokens % k_cache.shape[1], kv_head].float()
-    v = v_cache[blocks, tokens % k_cache.shape[1], kv_head].float()
-    p = torch.exp(q.float() @ k.T / math.sqrt(q.shape[-1]))
-    return (p @ v) / p.sum(dim=1, keepdim=True)
-
-
-def program_unmasked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     table_row: torch.Tensor, seq_len: int, kv_head: int,
-                     tile_n: int = 16) -> torch.Tensor:
-    """Reads whole blocks: the unused slots of the last block leak in."""
-    block_size = k_cache.shape[1]
-    tokens = torch.arange(-(-seq_len // block_size) * block_size)
-    blocks = table_row.long()[tokens // block_size]
-    k = k_cache[blocks, tokens % block_size, kv_head].float()
-    v = v_cache[blocks, tokens % block_size, kv_head].float()
-    weights = torch.softmax(q.float() @ k.T / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ v
-
-
 def average_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
-    return outputs.mean(dim=0)
+    return outputs.mean(dim=-2)
 
 
 def naive_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
     weights = torch.exp(lses)
-    return (weights[:, None] * outputs).sum(dim=0) / weights.sum()
+    return (weights[..., None] * outputs).sum(dim=-2) / weights.sum(dim=-1, keepdim=True)
 
 
-@pytest.mark.parametrize("name, answer, passed, evidence", [
+def base2_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """Natural-log lses weighed with exp2, as if they were base 2."""
+    weights = torch.exp2(lses - lses.max(dim=-1, keepdim=True).values)
+    return (weights[..., None] * outputs).sum(dim=-2) / weights.sum(dim=-1, keepdim=True)
+
+
+def global_max_merge(outputs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """Subtracts the largest lse of the whole batch instead of each row's own."""
+    weights = torch.exp(lses - lses.max())
+    return (weights[..., None] * outputs).sum(dim=-2) / weights.sum(dim=-1, keepdim=True)
+
+
+MISTAKES = [  # (exercise, answer, cases passed, evidence in the report)
     ("06.token_offset", offset_without_table, 0, "hint     block = block_table[t // block_size]"),
     ("06.token_offset", offset_from_shape, 4, "head-major"),
     ("06.token_offset", offset_unchecked, 7, "raised IndexError"),
-    ("06.paged_copy", launcher(use_table=False), 0, "elements wrong, first at ["),
-    ("06.paged_copy", launcher(mask_store=False), 0, "NaN"),
-    ("06.decode_program", program_without_running_max, 6, "running max"),
-    ("06.decode_program", program_unmasked, 2, "NaN"),
-    ("06.merge_splits", average_merge, 1, "expected a tensor of shape (16,) equal to reference"),
+    ("06.paged_decode", decoder(INT32_BLOCK), 5, "cast the block id to tl.int64"),
+    ("06.paged_decode", decoder(TILE_MAX), 5, "scores ~1e3"),
+    ("06.paged_decode", decoder(NO_MAX), 5, "NaN"),
+    ("06.paged_decode", decoder(UNMASKED_V), 0, "NaN"),
+    ("06.paged_decode", decoder(GQA_MODULO), 4, "h // group"),
+    ("06.paged_decode", decoder(MASK_LE), 0, "NaN"),
+    ("06.paged_decode", decoder(NO_RESCALE), 1, "elements wrong"),
+    ("06.paged_decode", decoder(NO_NORMALISE), 1, "elements wrong"),
+    ("06.merge_splits", average_merge, 1, "equal to reference_attention"),
     ("06.merge_splits", naive_merge, 4, "every score + 200"),
-])
+    ("06.merge_splits", base2_merge, 1, "elements wrong"),
+    ("06.merge_splits", global_max_merge, 6, "not over the whole batch"),
+    ("06.split_decode", splitter(LSE_NO_MAX), 0, "part_lse: a tensor"),
+    ("06.split_decode", splitter(LSE_BASE2), 1, "part_lse: a tensor"),
+    ("06.split_decode", splitter(EMPTY_NAN), 3, "not NaN"),
+    ("06.split_decode", splitter(FLOOR_SHARE), 1, "ceil(seq_len / num_splits)"),
+    ("06.split_decode", splitter(TILE_MAX), 3, "scores ~1e3"),
+    ("06.split_decode", splitter(NONE, merge=average_merge), 1, "out: a tensor"),
+]
+
+
+@pytest.mark.parametrize("name, answer, passed, evidence", MISTAKES)
 def test_typical_mistakes_fail_with_evidence(name: str, answer: Any, passed: int,
                                              evidence: str) -> None:
     result = run(name, answer)
@@ -272,17 +365,51 @@ def test_typical_mistakes_fail_with_evidence(name: str, answer: Any, passed: int
     assert "got" in text and "expected" in text and "hint" in text
 
 
+def test_every_exercise_has_three_mistakes_and_another_design() -> None:
+    for exercise in chapter_exercises("06"):
+        assert sum(name == exercise.name for name, *_ in MISTAKES) >= 3, exercise.name
+
+
+# --- reports and stubs ----------------------------------------------------------------------------
+
+
 def test_a_non_tensor_answer_is_described_not_crashed() -> None:
     result = run("06.merge_splits", lambda outputs, lses: "merged")
     assert result.status == "failed"
     assert "str 'merged', not a tensor" in result.cases[0].got
     result = run("06.merge_splits", lambda outputs, lses: outputs)
     assert "expected shape (16,)" in result.cases[1].got
+    result = run("06.split_decode", lambda *args: torch.zeros(1))
+    assert "not a tuple of 3 (out, part_out, part_lse)" in result.cases[0].got
 
 
-def test_a_plain_stub_is_not_yet_solved() -> None:
+def test_the_comparison_takes_plain_lists_and_keeps_nan() -> None:
+    case = find_exercise("06.merge_splits").cases()[1]
+    want = case.expected.parts[0][1]
+    assert case.compare(want.tolist(), case.expected)
+    assert case.compare(want, case.expected)
+    poisoned = want.tolist()
+    poisoned[3] = math.nan
+    assert not case.compare(poisoned, case.expected)
+    assert not case.compare([[x] for x in want.tolist()], case.expected)
+
+
+@triton.jit
+def stub_kernel(q_ptr, HEAD_DIM: tl.constexpr):
+    raise NotImplementedError("one program per (sequence, KV head)")
+
+
+def stub_launcher(q: torch.Tensor, *args: Any) -> torch.Tensor:
+    stub_kernel[(1,)](q, HEAD_DIM=q.shape[-1])
+    return q
+
+
+def test_stubs_are_not_yet_solved() -> None:
     def stub(*args: Any) -> Any:
         raise NotImplementedError("your code here")
 
-    for name in LIBRARY:
+    for name in CORRECT:
         assert run(name, stub).status == "not-solved"
+    for name in ("06.paged_decode", "06.split_decode"):
+        result = run(name, stub_launcher)
+        assert (result.status, result.passed) == ("not-solved", 0)

@@ -1,15 +1,20 @@
-"""Chapter 06 exercises: reading K/V through a block table. Expected values come from the
-library: ``PagedKVManager`` (block tables, slot mapping), torch's own view arithmetic (where an
-element of a strided cache lives), ``gather_paged_kv`` and the fp32 references.
+"""Chapter 06 exercises: reading K/V through a block table, and the paged decode kernel.
 
-The learner's code is exercised only through what it returns and raises. Tensor results are
-wrapped in a :class:`TensorAnswer`, whose report names the shape, the worst element and where
-it is, instead of printing two long tensors. A Triton kernel that still holds its stub raises
+Expected values come from the library: torch's own view arithmetic (where an element of a
+strided cache lives), ``gather_paged_kv`` and the fp32 references. The kernel exercises
+(``06.paged_decode``, ``06.split_decode``) are built from a specification: the learner writes
+a Triton kernel and its launcher, and the cases call the launcher on NaN-poisoned pools with
+shuffled tables, GQA groups of 1, 4 and 7, scores large enough to overflow ``exp`` without
+the running maximum, and a block id whose offset passes 2**32 elements.
+
+The learner's code is exercised only through what it returns and raises. A tensor result is
+turned, inside the case, into a plain verdict string (shape, worst element and where it is)
+that passes when it says every element is within tolerance: the report stays short and no
+learner object reaches the comparison. A Triton kernel that still holds its stub raises
 ``NotImplementedError`` inside the kernel, where Triton wraps it (the interpreter in an
 ``InterpreterError``, the GPU compiler in a ``CompilationError``); the cases unwrap it so the
 report says "not yet solved" rather than "failed".
 """
-
 from __future__ import annotations
 
 import math
@@ -33,9 +38,16 @@ from course_lib.paged import BlockPool, PagedKVManager
 
 @dataclass(frozen=True)
 class TensorExpectation:
-    """What a tensor answer must be: the expected tensor, a tolerance and a description."""
+    """What an answer must be: named expected tensors, a tolerance and a description.
 
-    want: torch.Tensor
+    A case's ``run`` turns the learner's result into a plain verdict string with
+    :meth:`verdict` (shape, worst element and where it is, NaN count), so the report is short
+    and no learner object reaches the comparison; it passes when that string is
+    :meth:`ok_text`. ``compare`` also accepts the raw result (a tensor, a nested list, or a
+    tuple of them for several parts) and judges it the same way.
+    """
+
+    parts: tuple[tuple[str, torch.Tensor], ...]
     atol: float
     rtol: float
     description: str
@@ -43,63 +55,81 @@ class TensorExpectation:
     def __repr__(self) -> str:
         return self.description
 
-
-@dataclass(frozen=True)
-class TensorAnswer:
-    """A learner's tensor result beside the expected one, described by its worst element."""
-
-    got: Any
-    expected: TensorExpectation
-
-    def _as_tensor(self) -> torch.Tensor | None:
-        try:
-            return torch.as_tensor(self.got).detach().to("cpu", torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            return None
+    def verdict(self, got: Any) -> str:
+        """One description per part, joined; equal to ``ok_text`` exactly when all are right."""
+        if len(self.parts) == 1:
+            return _describe_tensor(got, self.parts[0][1], self.atol, self.rtol)
+        if not isinstance(got, tuple | list) or len(got) != len(self.parts):
+            return (f"{type(got).__name__} {got!r:.80}, not a tuple of {len(self.parts)} "
+                    f"({', '.join(name for name, _ in self.parts)})")
+        return "; ".join(f"{name}: {_describe_tensor(g, want, self.atol, self.rtol)}"
+                         for (name, want), g in zip(self.parts, got, strict=True))
 
     @property
-    def ok(self) -> bool:
-        """Same shape; every element finite where expected is, and within tolerance."""
-        got, want = self._as_tensor(), self.expected.want.to(torch.float64)
-        if got is None or got.shape != want.shape:
-            return False
-        return bool(torch.allclose(got, want, atol=self.expected.atol, rtol=self.expected.rtol))
-
-    def __repr__(self) -> str:
-        got, want = self._as_tensor(), self.expected.want.to(torch.float64)
-        if got is None:
-            return f"{type(self.got).__name__} {self.got!r:.80}, not a tensor"
-        shape = tuple(got.shape)
-        if got.shape != want.shape:
-            return f"a tensor of shape {shape} (expected shape {tuple(want.shape)})"
-        if got.numel() == 0:
-            return f"an empty tensor of shape {shape}"
-        bad = ~torch.isclose(got, want, atol=self.expected.atol, rtol=self.expected.rtol)
-        if not bad.any():
-            return f"a tensor of shape {shape}, every element within tolerance"
-        index = tuple(int(i) for i in bad.nonzero()[0])
-        where = ", ".join(str(i) for i in index)
-        error = (got - want).abs()
-        finite = bad & error.isfinite()
-        return (f"a tensor of shape {shape}: {int(bad.sum())} of {got.numel()} elements wrong, "
-                f"first at [{where}] = {float(got[index]):.6g} instead of "
-                f"{float(want[index]):.6g}"
-                + (f"; largest error {float(error[finite].max()):.3g}" if finite.any() else "")
-                + (f"; {int(got.isnan().sum())} NaN" if got.isnan().any() else "")
-                + (f"; {int(got.isinf().sum())} inf" if got.isinf().any() else ""))
+    def ok_text(self) -> str:
+        """The verdict of a right answer."""
+        return self.verdict(tuple(want for _, want in self.parts) if len(self.parts) > 1
+                            else self.parts[0][1])
 
 
-def _tensor_case(call: str, run: Callable[[Any], Any], want: torch.Tensor, hint: str,
-                 atol: float, rtol: float, what: str) -> Case:
-    """A case whose answer is a tensor compared with ``want`` within ``atol``/``rtol``."""
+def _as_float64(value: Any) -> torch.Tensor | None:
+    """``value`` (a tensor or nested lists of numbers) as a CPU float64 tensor, or None."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float64)
+    try:
+        return torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _describe_tensor(got: Any, want: torch.Tensor, atol: float, rtol: float) -> str:
+    """The shape and, if wrong, how many elements, the first and the largest error."""
+    got_t, want = _as_float64(got), want.to(torch.float64)
+    if got_t is None:
+        return f"{type(got).__name__} {got!r:.80}, not a tensor"
+    shape = tuple(got_t.shape)
+    if got_t.shape != want.shape:
+        return f"a tensor of shape {shape} (expected shape {tuple(want.shape)})"
+    # isclose treats equal infinities as close (an empty split's lse is -inf) and NaN as wrong.
+    bad = ~torch.isclose(got_t, want, atol=atol, rtol=rtol)
+    if not bad.any():
+        return f"a tensor of shape {shape}, every element within tolerance"
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    error = (got_t - want).abs()
+    finite = bad & error.isfinite()
+    return (f"a tensor of shape {shape}: {int(bad.sum())} of {got_t.numel()} elements wrong, "
+            f"first at [{', '.join(map(str, index))}] = {float(got_t[index]):.6g} instead of "
+            f"{float(want[index]):.6g}"
+            + (f"; largest error {float(error[finite].max()):.3g}" if finite.any() else "")
+            + (f"; {int(got_t.isnan().sum())} NaN" if got_t.isnan().any() else "")
+            + (f"; {int(got_t.isinf().sum())} inf" if got_t.isinf().any() else ""))
+
+
+def _judge(got: Any, expected: TensorExpectation) -> bool:
+    """``compare``: the verdict string from ``run``, or a raw tensor / nested list result."""
+    verdict = got if isinstance(got, str) else expected.verdict(got)
+    return verdict == expected.ok_text
+
+
+def _tensor_case(call: str, run: Callable[[Any], Any], wants: dict[str, torch.Tensor],
+                 hint: str, atol: float, rtol: float, what: str) -> Case:
+    """A case whose answer is one tensor (or a tuple, one per entry of ``wants``)."""
+    parts = tuple((name, want.detach().cpu()) for name, want in wants.items())
+    shapes = ", ".join(f"{name} {tuple(want.shape)}" for name, want in parts)
     expected = TensorExpectation(
-        want.detach().cpu(), atol, rtol,
-        f"a tensor of shape {tuple(want.shape)} equal to {what}"
-        + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"),
+        parts, atol, rtol,
+        (f"a tensor of shape {tuple(parts[0][1].shape)}" if len(parts) == 1 else shapes)
+        + f" equal to {what}" + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"),
     )
-    return Case(call, lambda fn: TensorAnswer(_unwrap_stub(run, fn), expected), expected, hint,
-                compare=lambda got, _: isinstance(got, TensorAnswer) and got.ok)
+    return Case(call, lambda fn: expected.verdict(_plain_result(_unwrap_stub(run, fn))),
+                expected, hint, compare=_judge)
 
+
+def _plain_result(got: Any) -> Any:
+    """A tuple of results stays a tuple; tensors move to the CPU. Nothing else is kept."""
+    if isinstance(got, tuple | list) and got and all(isinstance(g, torch.Tensor) for g in got):
+        return tuple(g.detach().cpu() for g in got)
+    return got.detach().cpu() if isinstance(got, torch.Tensor) else got
 
 def _unwrap_stub(run: Callable[[Any], Any], fn: Any) -> Any:
     """``run(fn)``, with a stub's NotImplementedError raised from inside a kernel unwrapped."""
@@ -220,103 +250,202 @@ def _token_offset_cases() -> list[Case]:
     return cases
 
 
-# --- exercise 2: a Triton kernel that copies through the block table -----------------------
+# --- exercise 2: the paged decode kernel, from its specification -----------------------------
+
+_HINT_DECODE = ("one program per (sequence, KV head) holds that head's group of query heads as "
+                "rows; mask tokens >= seq_len in every load and give them score -inf; keep the "
+                "running max across tiles, rescale l and acc when it grows, divide by l at the "
+                "end")
 
 
-def _copy_expected(cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """``gather_paged_kv``, cut to the longest sequence, zero past each sequence's length."""
-    keys, _ = gather_paged_kv(cache, cache, table, lens)
-    keys = keys[:, : int(lens.max())]
-    valid = torch.arange(keys.shape[1])[None, :] < lens[:, None]
-    return torch.where(valid[:, :, None, None], keys, torch.zeros((), dtype=keys.dtype))
+@dataclass(frozen=True)
+class DecodeInputs:
+    """The arguments of one paged decode call, kept on the CPU until a case runs."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+
+    def on(self, device: torch.device) -> tuple[Any, ...]:
+        """The arguments, in the launcher's order, on ``device``."""
+        return (self.q.to(device), self.k_cache.to(device), self.v_cache.to(device),
+                self.block_tables.to(device), self.seq_lens.to(device), self.scale)
+
+    def describe(self) -> str:
+        hq, hkv = self.q.shape[1], self.k_cache.shape[2]
+        return (f"q {tuple(self.q.shape)} {str(self.q.dtype)[6:]} ({hq} query heads over {hkv} "
+                f"KV heads), blocks of {self.k_cache.shape[1]}, "
+                f"seq_lens={self.seq_lens.tolist()}, scale={self.scale:g}")
 
 
-def _paged_copy_cases() -> list[Case]:
-    hint = ("mask tokens >= seq_len; block = load(table + seq x stride_tb + (token // "
-            "BLOCK_SIZE) x stride_tn) with the mask; slot = token % BLOCK_SIZE; load the rows "
-            "with mask=ok[:, None] and store them with the same mask")
-    cases = []
-
-    def add(label: str, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor) -> None:
-        want = _copy_expected(cache, table, lens)
-
-        def run(fn: Any, cache=cache, table=table, lens=lens) -> Any:
-            device = kernel_device()
-            got = fn(cache.to(device), table.to(device), lens.to(device))
-            return got.cpu() if isinstance(got, torch.Tensor) else got
-
-        cases.append(_tensor_case(
-            f"fn(cache, block_table, seq_lens)  # {label}; lens={lens.tolist()}, "
-            f"table={table.tolist()}, cache {tuple(cache.shape)} {str(cache.dtype)[6:]}",
-            run, want, hint, 0.0, 0.0, "gather_paged_kv's copy, zero past each length"))
-
-    pool, manager, names = _pool_with_sequences(8, [1, 7, 8, 9, 30], num_kv_heads=2, head_dim=16)
-    table, lens = manager.batch_tables(names)
-    add("the pool's key cache (a strided view), blocks of 8", pool.key_cache(), table, lens)
-    pool, manager, names = _pool_with_sequences(32, [5, 40], num_kv_heads=1, head_dim=16, seed=1)
-    table, lens = manager.batch_tables(names)
-    add("blocks of 32, longer than a tile", pool.key_cache(), table, lens)
-    pool, manager, names = _pool_with_sequences(8, [3, 21], num_kv_heads=2, head_dim=32,
-                                                dtype=torch.float16, seed=2)
-    table, lens = manager.batch_tables(names)
+def _decode_inputs(q_heads: int, kv_heads: int, block_size: int, lens: Sequence[int], *,
+                   dtype: torch.dtype = torch.float32, q_scale: float = 1.0,
+                   scale: float = 0.25, seed: int = 0) -> DecodeInputs:
+    """Sequences in a pool with shuffled tables and NaN in every slot no sequence holds."""
+    head_dim = 16
+    pool, manager, names = _pool_with_sequences(block_size, lens, kv_heads, head_dim, dtype,
+                                                seed=seed)
+    table, seq_lens = manager.batch_tables(names)
     k_cache, v_cache = pool.key_cache(), pool.value_cache()
-    _poison_unused(k_cache, v_cache, table, lens)
-    add("NaN in every slot that holds no token, fp16", k_cache, table, lens)
-    gen = torch.Generator().manual_seed(3)
-    cache = torch.randn(6, 8, 1, 16, generator=gen)
-    shared = torch.tensor([[4, 1, 0], [4, 1, 5]], dtype=torch.int32)  # two rows, one prefix
-    add("two sequences sharing their first two blocks", cache, shared,
-        torch.tensor([13, 20], dtype=torch.int32))
-    return cases
+    _poison_unused(k_cache, v_cache, table, seq_lens)
+    gen = torch.Generator().manual_seed(100 + seed)
+    q = (torch.randn(len(lens), q_heads, head_dim, generator=gen) * q_scale).to(dtype)
+    return DecodeInputs(q, k_cache, v_cache, table, seq_lens, scale)
 
 
-# --- exercise 3: one program of the decode kernel, in torch -----------------------------------
+_DECODE_SETTINGS = (
+    # (label, q heads, kv heads, block size, lengths, keyword arguments, extra hint)
+    ("one sequence shorter than one block; group 1 (MHA)", 2, 2, 16, [5], {},
+     "a tile longer than the sequence: mask every token past seq_len"),
+    ("GQA group 4; several tiles; NaN in every slot that holds no token", 8, 2, 8,
+     [1, 8, 9, 45], {},
+     "mask the V load as well as the scores: 0 x NaN is NaN; query head h reads KV head "
+     "h // group"),
+    ("GQA group 7 (padded rows); scale 0.1", 7, 1, 16, [70, 16], {"scale": 0.1},
+     "rows r < GROUP are query heads kv_head x GROUP + r; pad to >= 16 rows, mask the rest"),
+    ("q x 1000: scores ~1e3, exp overflows without the running max", 4, 2, 8, [60, 33],
+     {"q_scale": 1000.0},
+     "subtract the maximum over every tile so far (max of the running max and the tile's "
+     "max), and rescale l and acc by exp(old max - new max)"),
+    ("float16 q and cache (accumulate in float32)", 4, 1, 16, [33, 3],
+     {"dtype": torch.float16}, "load fp16, compute scores, sums and acc in fp32"),
+)
+
+_WIDE_BLOCK_SIZE, _WIDE_HEAD_DIM = 16, 16
+_WIDE_BLOCK = 2**32 // (2 * _WIDE_BLOCK_SIZE * _WIDE_HEAD_DIM) + 5
+"""A block id whose element offset in a ``[blocks, 2, 16, 1, 16]`` cache passes 2**32: in
+32-bit arithmetic it wraps around to block 5's offset, which holds NaN."""
 
 
-def _decode_program_cases() -> list[Case]:
-    hint = ("per tile: tokens = tile_start + arange(tile_n); ok = tokens < seq_len; block = "
-            "table_row[token // block_size] (only where ok); gather K and V rows in fp32, zero "
-            "where not ok; scores = q @ k.T x scale, -inf where not ok; m_new = max(m_i, row "
-            "max); rescale l_i and acc by exp(m_i - m_new); add exp(scores - m_new) to l_i and "
-            "its product with V to acc")
-    settings = [
-        # (label, q heads, kv heads, block, lens, tile_n, kv_head, row, q scale, NaN, dtype)
-        ("one block, one tile", 2, 2, 16, [16], 16, 1, 0, 1.0, False, torch.float32),
-        ("a single token", 1, 1, 16, [1], 16, 0, 0, 1.0, False, torch.float32),
-        ("GQA group 4; blocks of 8, tiles of 16", 8, 2, 8, [37, 12], 16, 1, 0, 1.0, False,
-         torch.float32),
-        ("blocks of 32, tiles of 16", 4, 1, 32, [45], 16, 0, 0, 1.0, False, torch.float32),
-        ("NaN in every slot that holds no token", 4, 2, 8, [23, 9], 16, 0, 1, 1.0, True,
-         torch.float32),
-        ("q x 100: exp(score) overflows without the running max", 4, 1, 8, [40], 16, 0, 0,
-         100.0, False, torch.float32),
-        ("an fp16 cache (compute in fp32)", 4, 2, 16, [50], 32, 1, 0, 1.0, True, torch.float16),
-    ]
+def _wide_offset_inputs() -> tuple[DecodeInputs, Callable[[torch.device], tuple[Any, ...]]]:
+    """A cache of 2**32+ elements that only exists in virtual memory, and its small twin.
+
+    The twin holds the same touched blocks with block ``_WIDE_BLOCK`` stored as block 8; the
+    expected answer comes from it. The large cache is made when the case runs, on the kernel's
+    device, with ``torch.empty`` (untouched pages cost no memory) and only its touched blocks
+    written.
+    """
+    gen = torch.Generator().manual_seed(42)
+    shape = (2, _WIDE_BLOCK_SIZE, 1, _WIDE_HEAD_DIM)
+    small = torch.full((9, *shape), float("nan"), dtype=torch.float16)
+    for block in (1, 3, 8):
+        small[block] = torch.randn(shape, generator=gen)
+    q = torch.randn(1, 2, _WIDE_HEAD_DIM, generator=gen).to(torch.float16)
+    lens = torch.tensor([40], dtype=torch.int32)
+    twin = DecodeInputs(q, small[:, 0], small[:, 1], torch.tensor([[1, 8, 3]], dtype=torch.int32),
+                        lens, 0.25)
+
+    def build(device: torch.device) -> tuple[Any, ...]:
+        kv = torch.empty((_WIDE_BLOCK + 1, *shape), dtype=torch.float16, device=device)
+        kv[:8] = small[:8].to(device)
+        kv[_WIDE_BLOCK] = small[8].to(device)
+        table = torch.tensor([[1, _WIDE_BLOCK, 3]], dtype=torch.int32, device=device)
+        return q.to(device), kv[:, 0], kv[:, 1], table, lens.to(device), 0.25
+
+    return twin, build
+
+
+_WIDE_LABEL = (f"block id {_WIDE_BLOCK:,}: its offset passes 2**32 elements (an fp16 cache of "
+               f"{(_WIDE_BLOCK + 1) * 2 * _WIDE_BLOCK_SIZE * _WIDE_HEAD_DIM * 2 / 2**30:.0f} GiB"
+               " in virtual memory; never copy the caches)")
+_WIDE_HINT = ("cast the block id to tl.int64 before multiplying it by a stride: in 32 bits, "
+              "block x stride_kb wraps around and reads another block")
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return (2e-3, 1e-3) if dtype == torch.float16 else (1e-4, 1e-4)
+
+
+def _decode_cases() -> list[Case]:
     cases = []
-    for label, hq, hkv, block_size, lens, tile_n, kv_head, row, q_scale, nan, dtype in settings:
-        head_dim = 16
-        pool, manager, names = _pool_with_sequences(block_size, lens, hkv, head_dim, dtype,
-                                                    seed=len(cases))
-        table, seq_lens = manager.batch_tables(names)
-        k_cache, v_cache = pool.key_cache(), pool.value_cache()
-        if nan:
-            _poison_unused(k_cache, v_cache, table, seq_lens)
-        gen = torch.Generator().manual_seed(100 + len(cases))
-        q = (torch.randn(len(lens), hq, head_dim, generator=gen) * q_scale).to(dtype)
-        group = hq // hkv
-        heads = slice(kv_head * group, (kv_head + 1) * group)
-        want = paged_attention_reference(q, k_cache, v_cache, table, seq_lens)[row, heads]
-        args = (q[row, heads], k_cache, v_cache, table[row], int(seq_lens[row]), kv_head, tile_n)
+    for seed, (label, hq, hkv, block_size, lens, kwargs, extra) in enumerate(_DECODE_SETTINGS):
+        inputs = _decode_inputs(hq, hkv, block_size, lens, seed=seed, **kwargs)
+        want = paged_attention_reference(*inputs.on(torch.device("cpu")))
         cases.append(_tensor_case(
-            f"fn(q[{row}, {heads.start}:{heads.stop}], k_cache, v_cache, table_row="
-            f"{table[row].tolist()}, seq_len={lens[row]}, kv_head={kv_head}, tile_n={tile_n})"
-            f"  # {label}",
-            lambda fn, args=args: fn(*args), want, hint, 1e-5, 1e-5,
-            "paged_attention_reference for those query heads"))
+            f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale)  # {label}: "
+            f"{inputs.describe()}",
+            lambda fn, inputs=inputs: fn(*inputs.on(kernel_device())), {"out": want},
+            f"{extra}; in general: {_HINT_DECODE}", *_tolerance(inputs.q.dtype),
+            "paged_attention_reference"))
+    twin, build = _wide_offset_inputs()
+    cases.append(_tensor_case(
+        f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale)  # {_WIDE_LABEL}: "
+        f"{twin.describe()}",
+        lambda fn: fn(*build(kernel_device())),
+        {"out": paged_attention_reference(*twin.on(torch.device("cpu")))},
+        _WIDE_HINT, *_tolerance(torch.float16), "paged_attention_reference"))
     return cases
 
 
-# --- exercise 4: merging the splits -------------------------------------------------------------
+# --- exercise 4: split-KV, from its specification -----------------------------------------------
+
+
+def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
+    """Token range ``[start, end)`` of each split: ``ceil(seq_len / num_splits)`` tokens each."""
+    share = -(-seq_len // num_splits)
+    return [(min(s * share, seq_len), min((s + 1) * share, seq_len)) for s in range(num_splits)]
+
+
+def _split_expected(inputs: DecodeInputs, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's normalised output and natural-log log-sum-exp, by the fp32 reference.
+
+    ``[batch, num_q_heads, num_splits, head_dim]`` and ``[batch, num_q_heads, num_splits]``;
+    an empty split has output 0 and log-sum-exp -inf.
+    """
+    q, table, lens = inputs.q, inputs.block_tables, inputs.seq_lens
+    batch, q_heads, head_dim = q.shape
+    group = q_heads // inputs.k_cache.shape[2]
+    keys, values = gather_paged_kv(inputs.k_cache, inputs.v_cache, table, lens)
+    part_out = torch.zeros(batch, q_heads, num_splits, head_dim)
+    part_lse = torch.full((batch, q_heads, num_splits), -math.inf)
+    for row in range(batch):
+        for split, (lo, hi) in enumerate(split_bounds(int(lens[row]), num_splits)):
+            if lo == hi:
+                continue
+            k, v = keys[row : row + 1, lo:hi], values[row : row + 1, lo:hi]
+            part_out[row, :, split] = reference_attention(q[row : row + 1], k, v,
+                                                          scale=inputs.scale)[0]
+            k_per_head = k[0].float().repeat_interleave(group, dim=1)  # [tokens, q_heads, D]
+            scores = torch.einsum("hd,thd->ht", q[row].float(), k_per_head) * inputs.scale
+            part_lse[row, :, split] = torch.logsumexp(scores, dim=-1)
+    return part_out, part_lse
+
+
+_SPLIT_SETTINGS = (
+    # (label, q heads, kv heads, block size, lengths, splits, keyword arguments, extra hint)
+    ("one split: the whole sequence", 2, 2, 16, [5], 1, {},
+     "with one split, the output is the kernel of exercise 2's and lse = m + log(l)"),
+    ("GQA group 4, 3 splits; the 2-token sequence leaves one split empty", 8, 2, 8, [50, 2], 3,
+     {}, "an empty split must store output 0 and lse -inf (not NaN from 0 / 0)"),
+    ("GQA group 7, 4 splits that cut blocks in the middle", 7, 1, 16, [70], 4, {},
+     "split s reads tokens [s x share, min((s + 1) x share, seq_len)), share = "
+     "ceil(seq_len / num_splits); the table is looked up per token, so a split may start "
+     "mid-block"),
+    ("q x 1000: scores ~1e3, 3 splits", 4, 2, 8, [64], 3, {"q_scale": 1000.0},
+     "lse = m + log(l) in natural log: the max must be added back (and converted from "
+     "base 2 if you used exp2)"),
+)
+
+
+def _split_cases() -> list[Case]:
+    cases = []
+    for seed, (label, hq, hkv, block_size, lens, splits, kwargs, extra) in enumerate(
+            _SPLIT_SETTINGS):
+        inputs = _decode_inputs(hq, hkv, block_size, lens, seed=10 + seed, **kwargs)
+        want = paged_attention_reference(*inputs.on(torch.device("cpu")))
+        part_out, part_lse = _split_expected(inputs, splits)
+        cases.append(_tensor_case(
+            f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits={splits})  "
+            f"# {label}: {inputs.describe()}",
+            lambda fn, inputs=inputs, splits=splits: fn(*inputs.on(kernel_device()), splits),
+            {"out": want, "part_out": part_out, "part_lse": part_lse},
+            extra, 1e-4, 1e-4, "paged_attention_reference and each split's reference"))
+    return cases
+
+# --- exercise 3: merging the splits, in torch -----------------------------------------------
 
 
 def _split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Sequence[int],
@@ -345,7 +474,7 @@ def _merge_cases() -> list[Case]:
     head_dim = 16
     q, k, v = (torch.randn(*shape, generator=gen) for shape in
                ((head_dim,), (48, head_dim), (48, head_dim)))
-    cases = []
+    cases: list[Case] = []
     settings = [
         ("one split: nothing to merge", [48], 0.0),
         ("two equal splits", [24, 24], 0.0),
@@ -354,24 +483,36 @@ def _merge_cases() -> list[Case]:
         ("the same four splits, every score + 200", [3, 30, 1, 14], 200.0),
         ("the same four splits, every score - 200", [3, 30, 1, 14], -200.0),
     ]
+    want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
     for label, sizes, shift in settings:
         outputs, lses = _split_partials(q, k, v, sizes)
         lses = lses + shift  # adding c to every score adds c to every lse; softmax is unchanged
-        want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
         shown = ", ".join(f"{x:.1f}" for x in lses.tolist())  # 1 decimal: stable across CPUs
         cases.append(_tensor_case(
             f"fn(outputs [{len(sizes)}, {head_dim}], lses=[{shown}])  # {label}; split sizes "
             f"{sizes}",
-            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), want, hint, 1e-4, 1e-4,
-            "reference_attention over all 48 tokens"))
+            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), {"out": want}, hint,
+            1e-4, 1e-4, "reference_attention over all 48 tokens"))
+    # A batch of [2, 3] (sequence, head) rows, each shifted differently: the max is per row.
+    outputs, lses = _split_partials(q, k, v, [3, 30, 1, 14])
+    shifts = torch.tensor([[0.0, 200.0, -200.0], [150.0, -150.0, 30.0]])
+    cases.append(_tensor_case(
+        f"fn(outputs [2, 3, 4, {head_dim}], lses [2, 3, 4])  # a batch of rows (sequence, "
+        f"head), each row's lses shifted by {shifts.tolist()}",
+        lambda fn: fn(outputs.expand(2, 3, 4, head_dim).clone(),
+                      (lses + shifts[:, :, None]).clone()),
+        {"out": want.expand(2, 3, head_dim)},
+        "merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
+        "row, not over the whole batch: a row 400 below the batch's max underflows to 0 / 0",
+        1e-4, 1e-4, "reference_attention over all 48 tokens, in every row"))
     return cases
 
 
 EXERCISES = (
     Exercise("06.token_offset", "Where token t's key lives", _token_offset_cases),
-    Exercise("06.paged_copy", "A Triton kernel that reads through the block table",
-             _paged_copy_cases),
-    Exercise("06.decode_program", "One program of the decode kernel: online softmax over tiles",
-             _decode_program_cases),
+    Exercise("06.paged_decode", "The paged decode attention kernel, from its specification",
+             _decode_cases),
     Exercise("06.merge_splits", "Merge split-KV partial results by log-sum-exp", _merge_cases),
+    Exercise("06.split_decode", "Split-KV decode: partial kernel, log-sum-exp and merge",
+             _split_cases),
 )
