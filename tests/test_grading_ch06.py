@@ -14,9 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.attention import paged_attention_decode
 from course_lib.grading import chapter_exercises, find_exercise
+from course_lib.grading.ch06 import split_bounds
 from course_lib.grading.check import CheckResult, evaluate
 
 # isort: split
@@ -274,14 +277,17 @@ def test_a_correct_answer_passes_every_case(name: str) -> None:
     assert result.status == "passed", result.report_text()
 
 
-@pytest.mark.parametrize("name, answer", [
+OTHER_DESIGNS = [  # (exercise, a correct answer built differently from CORRECT's)
     ("06.token_offset", offset_numpy),
     ("06.paged_decode", decoder(None)),
     ("06.paged_decode", library_decode),
     ("06.merge_splits", logsumexp_merge),
     ("06.split_decode", splitter(None)),
     ("06.split_decode", splitter(None, merge=logsumexp_merge)),
-])
+]
+
+
+@pytest.mark.parametrize("name, answer", OTHER_DESIGNS)
 def test_other_correct_designs_pass(name: str, answer: Any) -> None:
     result = run(name, answer)
     assert result.status == "passed", result.report_text()
@@ -348,9 +354,10 @@ MISTAKES = [  # (exercise, answer, cases passed, evidence in the report)
     ("06.merge_splits", global_max_merge, 6, "not over the whole batch"),
     ("06.split_decode", splitter(LSE_NO_MAX), 0, "part_lse: a tensor"),
     ("06.split_decode", splitter(LSE_BASE2), 1, "part_lse: a tensor"),
-    ("06.split_decode", splitter(EMPTY_NAN), 3, "not NaN"),
-    ("06.split_decode", splitter(FLOOR_SHARE), 1, "ceil(seq_len / num_splits)"),
-    ("06.split_decode", splitter(TILE_MAX), 3, "scores ~1e3"),
+    ("06.split_decode", splitter(EMPTY_NAN), 4, "not NaN"),
+    ("06.split_decode", splitter(FLOOR_SHARE), 2, "ceil(seq_len / num_splits)"),
+    ("06.split_decode", splitter(TILE_MAX), 4, "scores ~1e3"),
+    ("06.split_decode", splitter(INT32_BLOCK), 4, "cast the block id to tl.int64"),
     ("06.split_decode", splitter(NONE, merge=average_merge), 1, "out: a tensor"),
 ]
 
@@ -368,6 +375,7 @@ def test_typical_mistakes_fail_with_evidence(name: str, answer: Any, passed: int
 def test_every_exercise_has_three_mistakes_and_another_design() -> None:
     for exercise in chapter_exercises("06"):
         assert sum(name == exercise.name for name, *_ in MISTAKES) >= 3, exercise.name
+        assert any(name == exercise.name for name, _ in OTHER_DESIGNS), exercise.name
 
 
 # --- reports and stubs ----------------------------------------------------------------------------
@@ -381,6 +389,27 @@ def test_a_non_tensor_answer_is_described_not_crashed() -> None:
     assert "expected shape (16,)" in result.cases[1].got
     result = run("06.split_decode", lambda *args: torch.zeros(1))
     assert "not a tuple of 3 (out, part_out, part_lse)" in result.cases[0].got
+
+
+@given(seq_len=st.integers(1, 500), num_splits=st.integers(1, 40))
+def test_split_bounds_cover_the_sequence_in_order(seq_len: int, num_splits: int) -> None:
+    bounds = split_bounds(seq_len, num_splits)
+    assert len(bounds) == num_splits and bounds[0][0] == 0 and bounds[-1][1] == seq_len
+    share = math.ceil(seq_len / num_splits)
+    for (lo, hi), (next_lo, _) in zip(bounds, [*bounds[1:], (seq_len, None)], strict=True):
+        assert 0 <= hi - lo <= share and hi == next_lo
+
+
+@settings(max_examples=50, deadline=None)
+@given(index=st.integers(0, 15), error=st.floats(2e-3, 1e6) | st.just(math.nan))
+def test_one_element_off_is_rejected_and_named(index: int, error: float) -> None:
+    case = find_exercise("06.merge_splits").cases()[1]
+    got = case.expected.parts[0][1].clone()
+    got[index] += error
+    verdict = case.expected.verdict(got)
+    assert not case.compare(verdict, case.expected)
+    assert not case.compare(got.tolist(), case.expected)
+    assert f"1 of 16 elements wrong, first at [{index}]" in verdict
 
 
 def test_the_comparison_takes_plain_lists_and_keeps_nan() -> None:

@@ -121,15 +121,9 @@ def _tensor_case(call: str, run: Callable[[Any], Any], wants: dict[str, torch.Te
         (f"a tensor of shape {tuple(parts[0][1].shape)}" if len(parts) == 1 else shapes)
         + f" equal to {what}" + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"),
     )
-    return Case(call, lambda fn: expected.verdict(_plain_result(_unwrap_stub(run, fn))),
-                expected, hint, compare=_judge)
+    return Case(call, lambda fn: expected.verdict(_unwrap_stub(run, fn)), expected, hint,
+                compare=_judge)
 
-
-def _plain_result(got: Any) -> Any:
-    """A tuple of results stays a tuple; tensors move to the CPU. Nothing else is kept."""
-    if isinstance(got, tuple | list) and got and all(isinstance(g, torch.Tensor) for g in got):
-        return tuple(g.detach().cpu() for g in got)
-    return got.detach().cpu() if isinstance(got, torch.Tensor) else got
 
 def _unwrap_stub(run: Callable[[Any], Any], fn: Any) -> Any:
     """``run(fn)``, with a stub's NotImplementedError raised from inside a kernel unwrapped."""
@@ -380,6 +374,69 @@ def _decode_cases() -> list[Case]:
     return cases
 
 
+# --- exercise 3: merging the splits, in torch -----------------------------------------------
+
+
+def _split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Sequence[int],
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's normalised output (the reference on its tokens) and log-sum-exp (base e)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    outputs, lses, start = [], [], 0
+    for size in sizes:
+        if size == 0:  # what the kernel stores for a split with no tokens
+            outputs.append(torch.zeros(q.shape[-1]))
+            lses.append(torch.tensor(-math.inf))
+            continue
+        part_k, part_v = k[start:start + size], v[start:start + size]
+        outputs.append(reference_attention(q[None, None], part_k[None, :, None],
+                                           part_v[None, :, None])[0, 0])
+        lses.append(torch.logsumexp((part_k @ q) * scale, dim=0))
+        start += size
+    return torch.stack(outputs), torch.stack(lses)
+
+
+def _merge_cases() -> list[Case]:
+    hint = ("weight_i = exp(lse_i - max(lse)), normalised to sum to 1 (an empty split has "
+            "lse -inf and weight 0); result = sum of weight_i x outputs[i]; subtract the max "
+            "first, or exp overflows (+200) or underflows to 0/0 (-200)")
+    gen = torch.Generator().manual_seed(6)
+    head_dim = 16
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in
+               ((head_dim,), (48, head_dim), (48, head_dim)))
+    cases: list[Case] = []
+    settings = [
+        ("one split: nothing to merge", [48], 0.0),
+        ("two equal splits", [24, 24], 0.0),
+        ("four unequal splits", [3, 30, 1, 14], 0.0),
+        ("the last split is empty (more splits than tokens)", [20, 28, 0], 0.0),
+        ("the same four splits, every score + 200", [3, 30, 1, 14], 200.0),
+        ("the same four splits, every score - 200", [3, 30, 1, 14], -200.0),
+    ]
+    want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
+    for label, sizes, shift in settings:
+        outputs, lses = _split_partials(q, k, v, sizes)
+        lses = lses + shift  # adding c to every score adds c to every lse; softmax is unchanged
+        shown = ", ".join(f"{x:.1f}" for x in lses.tolist())  # 1 decimal: stable across CPUs
+        cases.append(_tensor_case(
+            f"fn(outputs [{len(sizes)}, {head_dim}], lses=[{shown}])  # {label}; split sizes "
+            f"{sizes}",
+            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), {"out": want}, hint,
+            1e-4, 1e-4, "reference_attention over all 48 tokens"))
+    # A batch of [2, 3] (sequence, head) rows, each shifted differently: the max is per row.
+    outputs, lses = _split_partials(q, k, v, [3, 30, 1, 14])
+    shifts = torch.tensor([[0.0, 200.0, -200.0], [150.0, -150.0, 30.0]])
+    cases.append(_tensor_case(
+        f"fn(outputs [2, 3, 4, {head_dim}], lses [2, 3, 4])  # a batch of rows (sequence, "
+        f"head), each row's lses shifted by {shifts.tolist()}",
+        lambda fn: fn(outputs.expand(2, 3, 4, head_dim).clone(),
+                      (lses + shifts[:, :, None]).clone()),
+        {"out": want.expand(2, 3, head_dim)},
+        "merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
+        "row, not over the whole batch: a row 400 below the batch's max underflows to 0 / 0",
+        1e-4, 1e-4, "reference_attention over all 48 tokens, in every row"))
+    return cases
+
+
 # --- exercise 4: split-KV, from its specification -----------------------------------------------
 
 
@@ -443,70 +500,17 @@ def _split_cases() -> list[Case]:
             lambda fn, inputs=inputs, splits=splits: fn(*inputs.on(kernel_device()), splits),
             {"out": want, "part_out": part_out, "part_lse": part_lse},
             extra, 1e-4, 1e-4, "paged_attention_reference and each split's reference"))
-    return cases
-
-# --- exercise 3: merging the splits, in torch -----------------------------------------------
-
-
-def _split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Sequence[int],
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each split's normalised output (the reference on its tokens) and log-sum-exp (base e)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    outputs, lses, start = [], [], 0
-    for size in sizes:
-        if size == 0:  # what the kernel stores for a split with no tokens
-            outputs.append(torch.zeros(q.shape[-1]))
-            lses.append(torch.tensor(-math.inf))
-            continue
-        part_k, part_v = k[start:start + size], v[start:start + size]
-        outputs.append(reference_attention(q[None, None], part_k[None, :, None],
-                                           part_v[None, :, None])[0, 0])
-        lses.append(torch.logsumexp((part_k @ q) * scale, dim=0))
-        start += size
-    return torch.stack(outputs), torch.stack(lses)
-
-
-def _merge_cases() -> list[Case]:
-    hint = ("weight_i = exp(lse_i - max(lse)), normalised to sum to 1 (an empty split has "
-            "lse -inf and weight 0); result = sum of weight_i x outputs[i]; subtract the max "
-            "first, or exp overflows (+200) or underflows to 0/0 (-200)")
-    gen = torch.Generator().manual_seed(6)
-    head_dim = 16
-    q, k, v = (torch.randn(*shape, generator=gen) for shape in
-               ((head_dim,), (48, head_dim), (48, head_dim)))
-    cases: list[Case] = []
-    settings = [
-        ("one split: nothing to merge", [48], 0.0),
-        ("two equal splits", [24, 24], 0.0),
-        ("four unequal splits", [3, 30, 1, 14], 0.0),
-        ("the last split is empty (more splits than tokens)", [20, 28, 0], 0.0),
-        ("the same four splits, every score + 200", [3, 30, 1, 14], 200.0),
-        ("the same four splits, every score - 200", [3, 30, 1, 14], -200.0),
-    ]
-    want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
-    for label, sizes, shift in settings:
-        outputs, lses = _split_partials(q, k, v, sizes)
-        lses = lses + shift  # adding c to every score adds c to every lse; softmax is unchanged
-        shown = ", ".join(f"{x:.1f}" for x in lses.tolist())  # 1 decimal: stable across CPUs
-        cases.append(_tensor_case(
-            f"fn(outputs [{len(sizes)}, {head_dim}], lses=[{shown}])  # {label}; split sizes "
-            f"{sizes}",
-            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), {"out": want}, hint,
-            1e-4, 1e-4, "reference_attention over all 48 tokens"))
-    # A batch of [2, 3] (sequence, head) rows, each shifted differently: the max is per row.
-    outputs, lses = _split_partials(q, k, v, [3, 30, 1, 14])
-    shifts = torch.tensor([[0.0, 200.0, -200.0], [150.0, -150.0, 30.0]])
+    twin, build = _wide_offset_inputs()
+    part_out, part_lse = _split_expected(twin, 2)
     cases.append(_tensor_case(
-        f"fn(outputs [2, 3, 4, {head_dim}], lses [2, 3, 4])  # a batch of rows (sequence, "
-        f"head), each row's lses shifted by {shifts.tolist()}",
-        lambda fn: fn(outputs.expand(2, 3, 4, head_dim).clone(),
-                      (lses + shifts[:, :, None]).clone()),
-        {"out": want.expand(2, 3, head_dim)},
-        "merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
-        "row, not over the whole batch: a row 400 below the batch's max underflows to 0 / 0",
-        1e-4, 1e-4, "reference_attention over all 48 tokens, in every row"))
+        f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=2)  # "
+        f"{_WIDE_LABEL}: {twin.describe()}",
+        lambda fn: fn(*build(kernel_device()), 2),
+        {"out": paged_attention_reference(*twin.on(torch.device("cpu"))),
+         "part_out": part_out, "part_lse": part_lse},
+        _WIDE_HINT, *_tolerance(torch.float16),
+        "paged_attention_reference and each split's reference"))
     return cases
-
 
 EXERCISES = (
     Exercise("06.token_offset", "Where token t's key lives", _token_offset_cases),
