@@ -333,7 +333,11 @@ def _wide_offset_inputs() -> tuple[DecodeInputs, Callable[[torch.device], tuple[
                         lens, 0.25)
 
     def build(device: torch.device) -> tuple[Any, ...]:
-        kv = torch.empty((_WIDE_BLOCK + 1, *shape), dtype=torch.float16, device=device)
+        try:
+            kv = torch.empty((_WIDE_BLOCK + 1, *shape), dtype=torch.float16, device=device)
+        except (RuntimeError, MemoryError) as error:  # the system refuses 8 GiB, even unused
+            raise MemoryError(f"this case needs 8 GiB of (virtual) {device} memory, which this "
+                              f"machine refuses, so it cannot run here: {error}") from None
         kv[:8] = small[:8].to(device)
         kv[_WIDE_BLOCK] = small[8].to(device)
         table = torch.tensor([[1, _WIDE_BLOCK, 3]], dtype=torch.int32, device=device)
