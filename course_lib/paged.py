@@ -86,6 +86,7 @@ class BlockPool:
         device: str | torch.device,
     ) -> torch.Tensor | None:
         """The ``[layers, blocks, 2, B, H, D]`` tensor, or None for a bookkeeping-only pool."""
+        check_int("num_layers", num_layers, 1)
         if num_kv_heads is None and head_dim is None:
             return None
         if num_kv_heads is None or head_dim is None:
@@ -96,7 +97,7 @@ class BlockPool:
         import torch
 
         shape = (
-            check_int("num_layers", num_layers, 1),
+            num_layers,
             self.num_blocks,
             2,
             self.block_size,

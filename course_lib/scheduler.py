@@ -102,6 +102,7 @@ class SwapSpace:
 
     def swap_out(self, request_id: int, num_blocks: int) -> bool:
         """Take ``num_blocks`` of ``request_id`` if they fit; False (nothing kept) if not."""
+        check_int("request_id", request_id, 0)
         if request_id in self._held:
             raise ValueError(f"request {request_id} is already swapped out")
         check_int("num_blocks", num_blocks, 1)
@@ -112,6 +113,7 @@ class SwapSpace:
 
     def swap_in(self, request_id: int) -> int:
         """Release ``request_id``'s blocks from swap space and return how many there were."""
+        check_int("request_id", request_id, 0)
         try:
             return self._held.pop(request_id)
         except KeyError:

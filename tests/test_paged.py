@@ -284,6 +284,7 @@ def test_free_sequence_releases_blocks_tail_first_and_keeps_shared_ones() -> Non
         (lambda m: m.block_table("zz"), ValueError, "unknown sequence 'zz'"),
         (lambda m: m.slot_mapping("a", [5]), ValueError, "position 5 is outside sequence 'a'"),
         (lambda m: PagedKVManager("pool"), ValueError, "pool must be a BlockPool, got 'pool'"),
+        (lambda m: BlockPool(8, 4, num_layers=0), ValueError, "num_layers must be .* got 0"),
     ],
 )
 def test_bad_manager_calls(call, error: type[Exception], message: str) -> None:

@@ -159,6 +159,8 @@ def test_swap_space_accounting() -> None:
         swap.swap_in(1)
     with pytest.raises(ValueError, match="request 2 is already swapped out"):
         swap.swap_out(2, 1)
+    with pytest.raises(ValueError, match="request_id must be an integer >= 0, got True"):
+        swap.swap_in(True)
     with pytest.raises(ValueError, match="num_blocks must be an integer >= 1, got 0"):
         swap.swap_out(3, 0)
     with pytest.raises(ValueError, match="capacity_blocks must be an integer >= 0, got -2"):
