@@ -26,13 +26,16 @@ from typing import TYPE_CHECKING
 
 from course_lib.kv_math import blocks_needed
 from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
-from course_lib.validate import check_int
+from course_lib.validate import check_int, check_list
 
 if TYPE_CHECKING:
     import torch
 
 NULL_BLOCK = 0
 """The reserved block id: never handed out, never freed (vLLM pads block tables with it)."""
+
+TOKEN_ID_LIMIT = 2**64
+"""Token ids are unsigned 64-bit integers (prefix caching hashes them as such)."""
 
 
 class OutOfBlocks(RuntimeError):
@@ -83,6 +86,7 @@ class BlockPool:
         device: str | torch.device,
     ) -> torch.Tensor | None:
         """The ``[layers, blocks, 2, B, H, D]`` tensor, or None for a bookkeeping-only pool."""
+        check_int("num_layers", num_layers, 1)
         if num_kv_heads is None and head_dim is None:
             return None
         if num_kv_heads is None or head_dim is None:
@@ -93,7 +97,7 @@ class BlockPool:
         import torch
 
         shape = (
-            check_int("num_layers", num_layers, 1),
+            num_layers,
             self.num_blocks,
             2,
             self.block_size,
@@ -226,16 +230,36 @@ class _Sequence:
 def _count_and_ids(
     num_tokens: int | None, token_ids: Iterable[int] | None, default: int
 ) -> tuple[int, list[int] | None]:
-    """How many tokens an add or append brings (at least ``default``) and their ids, if given."""
+    """How many tokens an add or append brings (at least ``default``) and their ids, if given.
+
+    Checks everything before the caller changes anything; ``token_ids`` may be a generator.
+    """
+    if num_tokens is not None:
+        check_int("num_tokens", num_tokens, default)
     if token_ids is None:
-        count = default if num_tokens is None else num_tokens
-        return check_int("num_tokens", count, default), None
-    ids = list(token_ids)
+        return default if num_tokens is None else num_tokens, None
+    ids = check_list("token_ids", token_ids)
     for token in ids:
-        check_int("token id", token, 0)
+        if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
+            raise ValueError(f"token id must be below 2**64, got {token!r}")
     if num_tokens is not None and num_tokens != len(ids):
         raise ValueError(f"num_tokens={num_tokens!r} disagrees with {len(ids)} token ids")
     return check_int("num_tokens", len(ids), default), ids
+
+
+def _kv_rows(
+    name: str, tensor: torch.Tensor, shape: tuple[int, int, int], kv: torch.Tensor
+) -> torch.Tensor:
+    """``tensor`` checked (a float tensor of ``shape``), converted to ``kv``'s device and dtype."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got dtype {tensor.dtype}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
+    return tensor.detach().to(device=kv.device, dtype=kv.dtype)
 
 
 class PagedKVManager:
@@ -248,6 +272,8 @@ class PagedKVManager:
 
     def __init__(self, pool: BlockPool) -> None:
         """Manage sequences whose blocks come from ``pool``."""
+        if not isinstance(pool, BlockPool):
+            raise ValueError(f"pool must be a BlockPool, got {pool!r}")
         self.pool = pool
         self._seqs: dict[str, _Sequence] = {}
 
@@ -337,6 +363,8 @@ class PagedKVManager:
 
     def snapshot(self, label: str = "") -> PoolSnapshot:
         """The pool now, with what happened to each block since the previous snapshot."""
+        if not isinstance(label, str):
+            raise ValueError(f"label must be a str, got {label!r}")
         fill = self._block_fill()
         owners: dict[int, list[str]] = {}
         for seq_id, seq in self._seqs.items():
@@ -369,7 +397,7 @@ class PagedKVManager:
         """Flat slot ``block * B + offset`` of each token position of ``seq_id``."""
         seq = self._get(seq_id)
         slots = []
-        for pos in positions:
+        for pos in check_list("positions", positions):
             if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < seq.length:
                 raise ValueError(
                     f"position {pos!r} is outside sequence {seq_id!r} (length {seq.length})"
@@ -389,16 +417,19 @@ class PagedKVManager:
         """Store K/V ``[len(positions), num_kv_heads, head_dim]`` at those token positions.
 
         Append the tokens first: writing into a block another sequence can read is refused,
-        which is what copy-on-write exists to prevent.
+        which is what copy-on-write exists to prevent. Every check and conversion comes
+        before the first write, so a refused call leaves K and V untouched.
         """
         import torch
 
         kv = self.pool.kv_cache(layer)
+        positions = check_list("positions", positions)
         expected = (len(positions), kv.shape[3], kv.shape[4])
-        for name, tensor in (("key", key), ("value", value)):
-            if tuple(tensor.shape) != expected:
-                raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {expected}")
+        rows = [_kv_rows(name, tensor, expected, kv) for name, tensor in
+                (("key", key), ("value", value))]
         slots = self.slot_mapping(seq_id, positions)
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"positions {positions!r} name a token more than once")
         for block_id in {slot // self.block_size for slot in slots}:
             if self.pool.ref_count(block_id) > 1:
                 raise ValueError(
@@ -407,8 +438,9 @@ class PagedKVManager:
                 )
         index = torch.tensor(slots, dtype=torch.long, device=kv.device)
         blocks, offsets = index // self.block_size, index % self.block_size
-        kv[blocks, 0, offsets] = key.to(device=kv.device, dtype=kv.dtype)
-        kv[blocks, 1, offsets] = value.to(device=kv.device, dtype=kv.dtype)
+        key_rows, value_rows = rows
+        kv[blocks, 0, offsets] = key_rows
+        kv[blocks, 1, offsets] = value_rows
 
     def batch_tables(
         self, seq_ids: Sequence[str], device: str | torch.device = "cpu"

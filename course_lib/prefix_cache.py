@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from course_lib.paged import BlockPool, PagedKVManager, check_int
+from course_lib.validate import check_list
 
 BlockHash = bytes
 """A 32-byte SHA-256 digest naming a full block and everything before it."""
@@ -36,13 +37,18 @@ ROOT_HASH: BlockHash = hashlib.sha256(b"course_lib prefix cache root").digest()
 """The parent hash of a sequence's first block (fixed, so runs are reproducible)."""
 
 
+def check_block_hash(name: str, value: object) -> BlockHash:
+    """Return ``value`` if it is a 32-byte block hash, else raise a ValueError naming it."""
+    if not isinstance(value, bytes) or len(value) != len(ROOT_HASH):
+        raise ValueError(f"{name} must be a {len(ROOT_HASH)}-byte block hash, got {value!r}")
+    return value
+
+
 def hash_block_tokens(
     parent: BlockHash | None, token_ids: Sequence[int], extra_keys: Sequence[str] = ()
 ) -> BlockHash:
     """SHA-256 of (parent hash or ``ROOT_HASH``, the block's token ids, extra keys)."""
-    parent = ROOT_HASH if parent is None else parent
-    if not isinstance(parent, bytes) or len(parent) != len(ROOT_HASH):
-        raise ValueError(f"parent must be a 32-byte block hash, got {parent!r}")
+    parent = ROOT_HASH if parent is None else check_block_hash("parent", parent)
     digest = hashlib.sha256(parent)
     try:
         digest.update(struct.pack(f"<Q{len(token_ids)}Q", len(token_ids), *token_ids))
@@ -113,6 +119,7 @@ class PrefixCachingBlockPool(BlockPool):
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that held, full block ``block_id`` holds ``block_hash``."""
         self._check_held(block_id)
+        check_block_hash("block_hash", block_hash)
         current = self._hash_of.get(block_id)
         if current is not None and current != block_hash:
             raise ValueError(f"block {block_id} already holds a different hash")
@@ -127,7 +134,7 @@ class PrefixCachingBlockPool(BlockPool):
     def longest_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
         """Blocks for the leading hashes found in the cache, stopping at the first miss."""
         found = []
-        for block_hash in hashes:
+        for block_hash in [check_block_hash("hash", h) for h in check_list("hashes", hashes)]:
             holders = self._blocks_of.get(block_hash)
             if not holders:
                 break
@@ -135,10 +142,18 @@ class PrefixCachingBlockPool(BlockPool):
         return found
 
     def touch(self, block_ids: Iterable[int]) -> None:
-        """Take a reference on each cached block, reviving any that sat in the free queue."""
-        for block_id in block_ids:
+        """Take a reference on each cached block, reviving any that sat in the free queue.
+
+        All ids are checked first (cached, each named once), so a refused call takes nothing.
+        """
+        ids = check_list("block_ids", block_ids)
+        for block_id in ids:
+            self._check_id(block_id)
             if block_id not in self._hash_of:
                 raise ValueError(f"block {block_id!r} is not a cached block")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"block ids {ids} name a block more than once")
+        for block_id in ids:
             if self._ref[block_id] == 0:
                 del self._free[block_id]
             self._ref[block_id] += 1

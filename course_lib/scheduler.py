@@ -102,6 +102,7 @@ class SwapSpace:
 
     def swap_out(self, request_id: int, num_blocks: int) -> bool:
         """Take ``num_blocks`` of ``request_id`` if they fit; False (nothing kept) if not."""
+        check_int("request_id", request_id, 0)
         if request_id in self._held:
             raise ValueError(f"request {request_id} is already swapped out")
         check_int("num_blocks", num_blocks, 1)
@@ -112,6 +113,7 @@ class SwapSpace:
 
     def swap_in(self, request_id: int) -> int:
         """Release ``request_id``'s blocks from swap space and return how many there were."""
+        check_int("request_id", request_id, 0)
         try:
             return self._held.pop(request_id)
         except KeyError:
@@ -128,8 +130,14 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, requests: Sequence[Request]) -> None:
         """Empty queues for ``requests`` under ``config``."""
+        if not isinstance(config, SchedulerConfig):
+            raise ValueError(f"config must be a SchedulerConfig, got {config!r}")
+        for request in requests:
+            if not isinstance(request, Request):
+                raise ValueError(f"requests must be Request objects, got {request!r}")
         self.config = config
         self._keys = [(r.priority, r.arrival, i) for i, r in enumerate(requests)]
+        self._waiting: set[int] = set()
         self._fifo: deque[int] = deque()
         self._heap: list[tuple[int, int, int]] = []
         self._victims: list[tuple[int, int, int]] = []
@@ -145,6 +153,8 @@ class Scheduler:
     def arrive(self, index: int) -> None:
         """A new request joins the back of the waiting queue (priority order under
         ``"priority"``)."""
+        self._check_can_wait(index)
+        self._waiting.add(index)
         if self.config.policy == "priority":
             heapq.heappush(self._heap, self._keys[index])
         else:
@@ -153,6 +163,8 @@ class Scheduler:
     def requeue(self, index: int) -> None:
         """A preempted request goes back to the front of the waiting queue (under
         ``"priority"``, back into priority order)."""
+        self._check_can_wait(index)
+        self._waiting.add(index)
         if self.config.policy == "priority":
             heapq.heappush(self._heap, self._keys[index])
         else:
@@ -167,6 +179,8 @@ class Scheduler:
     def admits(self, prefill_tokens: int, step_tokens: int) -> bool:
         """Whether the limits allow one more request, which prefills ``prefill_tokens``,
         into a step that already processes ``step_tokens``."""
+        check_int("prefill_tokens", prefill_tokens, 0)
+        check_int("step_tokens", step_tokens, 0)
         config = self.config
         if config.max_num_seqs is not None and len(self.running) >= config.max_num_seqs:
             return False
@@ -175,12 +189,15 @@ class Scheduler:
 
     def admit_next(self) -> int:
         """Move the next waiting request to the running set and return it."""
+        if not self._waiting:
+            raise ValueError("no request is waiting to be admitted")
         if self.config.policy == "priority":
             index = heapq.heappop(self._heap)[2]
             priority, arrival, _ = self._keys[index]
             heapq.heappush(self._victims, (-priority, -arrival, -index))
         else:
             index = self._fifo.popleft()
+        self._waiting.remove(index)
         self.running[index] = None
         return index
 
@@ -199,4 +216,17 @@ class Scheduler:
 
     def stop(self, index: int) -> None:
         """Remove a finished or preempted request from the running set."""
+        check_int("request index", index, 0)
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
         del self.running[index]
+
+    def _check_can_wait(self, index: int) -> None:
+        """Raise unless ``index`` names a request of the trace that neither waits nor runs."""
+        check_int("request index", index, 0)
+        if index >= len(self._keys):
+            raise ValueError(f"request index {index} is outside the trace "
+                             f"({len(self._keys)} requests)")
+        if index in self._waiting or index in self.running:
+            state = "waiting" if index in self._waiting else "running"
+            raise ValueError(f"request {index} is already {state}")

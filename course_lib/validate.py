@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
@@ -34,3 +35,13 @@ def check_non_negative_number(name: str, value: object) -> float:
     ):
         raise ValueError(f"{name} must be a non-negative number, got {value!r}")
     return float(value)
+
+
+def check_list(name: str, values: object) -> list:
+    """Return ``values`` as a new list if it is an iterable other than a string, else raise.
+
+    Taking a list first lets a caller validate every item before it changes anything.
+    """
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be an iterable of values, got {values!r}")
+    return list(values)

@@ -272,6 +272,9 @@ def test_free_sequence_releases_blocks_tail_first_and_keeps_shared_ones() -> Non
         (lambda m: m.add_sequence("b", -2), ValueError, "num_tokens must be .* got -2"),
         (lambda m: m.add_sequence("b", 3, token_ids=[1, 2]), ValueError, "num_tokens=3 disagrees"),
         (lambda m: m.add_sequence("b", token_ids=[1, -5]), ValueError, "token id .* got -5"),
+        (lambda m: m.add_sequence("b", token_ids=[2**64]), ValueError, "below 2\\*\\*64, got"),
+        (lambda m: m.add_sequence("b", True, token_ids=[1]), ValueError, "num_tokens .* True"),
+        (lambda m: m.add_sequence("b", token_ids=7), ValueError, "token_ids must be an iter"),
         (lambda m: m.append_tokens("zz"), ValueError, "unknown sequence 'zz'"),
         (lambda m: m.append_tokens("a", 0), ValueError, "num_tokens must be .* got 0"),
         (lambda m: m.append_tokens("a", token_ids=[1]), ValueError, "does not track token ids"),
@@ -280,6 +283,8 @@ def test_free_sequence_releases_blocks_tail_first_and_keeps_shared_ones() -> Non
         (lambda m: m.free_sequence("zz"), ValueError, "unknown sequence 'zz'"),
         (lambda m: m.block_table("zz"), ValueError, "unknown sequence 'zz'"),
         (lambda m: m.slot_mapping("a", [5]), ValueError, "position 5 is outside sequence 'a'"),
+        (lambda m: PagedKVManager("pool"), ValueError, "pool must be a BlockPool, got 'pool'"),
+        (lambda m: BlockPool(8, 4, num_layers=0), ValueError, "num_layers must be .* got 0"),
     ],
 )
 def test_bad_manager_calls(call, error: type[Exception], message: str) -> None:
@@ -413,6 +418,9 @@ def test_writing_a_shared_block_is_refused() -> None:
     [
         (lambda m: m.write_kv("a", [0, 1], _kv(1, 0.0), _kv(1, 0.0)), r"key has shape \(1, 2, 3\)"),
         (lambda m: m.read_kv("a", layer=1), "layer 1 is out of range"),
+        (lambda m: m.write_kv("a", [1, 1], _kv(2, 0.0), _kv(2, 0.0)), "name a token more than"),
+        (lambda m: m.write_kv("a", [1], _kv(1, 0.0), [[0.0] * 3] * 2), "value must be a torch"),
+        (lambda m: m.write_kv("a", [1], _kv(1, 0.0), _kv(1, 0).int()), "value must be floating"),
         (lambda m: PagedKVManager(BlockPool(4, 4)).pool.kv_cache(), "owns no K/V tensors"),
     ],
 )
@@ -421,6 +429,16 @@ def test_bad_kv_calls(call, message: str) -> None:
     manager.add_sequence("a", 2)
     with pytest.raises(ValueError, match=message):
         call(manager)
+
+
+def test_a_refused_write_leaves_k_and_v_untouched() -> None:
+    manager = _kv_manager()
+    manager.add_sequence("a", 2)
+    manager.write_kv("a", [0, 1], _kv(2, 1.0), _kv(2, 2.0))
+    before = manager.pool.kv_cache().clone()
+    with pytest.raises(ValueError, match=r"value must be a torch\.Tensor, got ndarray$"):
+        manager.write_kv("a", [0], _kv(1, 9.0), _kv(1, 9.0).numpy())
+    assert torch.equal(manager.pool.kv_cache(), before)
 
 
 # --- properties -------------------------------------------------------------------------

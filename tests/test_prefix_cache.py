@@ -269,6 +269,11 @@ def test_the_caching_pool_keeps_the_minimal_pool_surface() -> None:
     ("call", "message"),
     [
         (lambda m: m.pool.touch([2]), "block 2 is not a cached block"),
+        (lambda m: m.pool.touch([1, 1]), r"block ids \[1, 1\] name a block more than once"),
+        (lambda m: m.pool.touch(["1"]), "block id must be an int, got '1'"),
+        (lambda m: m.pool.cache_block(2, ["x"]), r"block_hash must be a 32-byte .* \['x'\]"),
+        (lambda m: m.pool.cache_block(2, "x" * 32), "block_hash must be a 32-byte block hash"),
+        (lambda m: m.pool.longest_cached_prefix([b"x"]), "hash must be a 32-byte block hash"),
         (lambda m: m.pool.cache_block(5, b"x" * 32), "block 5 is free"),
         (lambda m: m.pool.cache_block(1, b"x" * 32), "block 1 already holds a different hash"),
         (lambda m: m.add_sequence("b", token_ids=[1], cache_salt=3), "cache_salt must be a str"),
@@ -281,3 +286,22 @@ def test_bad_caching_calls(call, message: str) -> None:
     manager.add_sequence("a", token_ids=[1, 2, 3, 4, 5])
     with pytest.raises(ValueError, match=message):
         call(manager)
+
+
+def test_a_refused_touch_or_cache_block_changes_nothing() -> None:
+    manager = _manager()
+    manager.add_sequence("a", token_ids=[1, 2, 3, 4, 5])
+    manager.free_sequence("a")
+    pool = manager.pool
+    held = pool.allocate()
+    state = (pool.free_blocks(), [pool.ref_count(b) for b in range(8)],
+             [pool.block_hash(b) for b in range(8)])
+    with pytest.raises(ValueError, match="block id 999 is not in this pool"):
+        pool.touch([1, 999])
+    with pytest.raises(ValueError, match="block_hash must be a 32-byte block hash"):
+        pool.cache_block(held, ["x"])  # type: ignore[arg-type]
+    assert (pool.free_blocks(), [pool.ref_count(b) for b in range(8)],
+            [pool.block_hash(b) for b in range(8)]) == state
+    pool.free(held)
+    assert sorted(pool.allocate() for _ in range(7)) == list(range(1, 8))  # no crash
+    assert pool.num_evictions == 1 and pool.num_cached == 0

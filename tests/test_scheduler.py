@@ -68,6 +68,26 @@ def test_nobody_to_preempt() -> None:
 
 
 @pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda s: s.admit_next(), "no request is waiting to be admitted"),
+     (lambda s: s.stop(3), "request 3 is not running"),
+     (lambda s: s.stop(True), "request index must be an integer >= 0, got True"),
+     (lambda s: s.arrive(0), "request 0 is already running"),
+     (lambda s: s.requeue(0), "request 0 is already running"),
+     (lambda s: s.arrive(4), r"request index 4 is outside the trace \(4 requests\)"),
+     (lambda s: s.admits(-1, 0), "prefill_tokens must be an integer >= 0, got -1")],
+)
+def test_bad_scheduler_calls_name_the_value_and_change_nothing(call, message: str) -> None:
+    scheduler = Scheduler(SchedulerConfig(), TRACE)
+    scheduler.arrive(0)
+    scheduler.admit_next()
+    before = (scheduler.num_waiting, scheduler.next_waiting(), list(scheduler.running))
+    with pytest.raises(ValueError, match=message):
+        call(scheduler)
+    assert (scheduler.num_waiting, scheduler.next_waiting(), list(scheduler.running)) == before
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"policy": "random"}, "unknown policy 'random'; expected one of fcfs, priority"),
      ({"preemption": "kill"}, "unknown preemption mode 'kill'"),
@@ -139,6 +159,8 @@ def test_swap_space_accounting() -> None:
         swap.swap_in(1)
     with pytest.raises(ValueError, match="request 2 is already swapped out"):
         swap.swap_out(2, 1)
+    with pytest.raises(ValueError, match="request_id must be an integer >= 0, got True"):
+        swap.swap_in(True)
     with pytest.raises(ValueError, match="num_blocks must be an integer >= 1, got 0"):
         swap.swap_out(3, 0)
     with pytest.raises(ValueError, match="capacity_blocks must be an integer >= 0, got -2"):
