@@ -6,6 +6,8 @@ import hashlib
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.paged import BlockPool, OutOfBlocks
 from course_lib.prefix_cache import (
@@ -297,3 +299,36 @@ def test_a_stale_tail_block_costs_a_hit_only_under_the_old_fifo_order(
     manager.add_sequence("C", token_ids=[60, 61, 62, 63, 64, 65])
     assert manager.block_table("C") == table_c and manager.pool.num_evictions == evictions
     assert manager.add_sequence("A again", token_ids=a) == hit
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["allocate", "free", "touch"]), st.integers(0, 99),
+                          st.booleans()), max_size=80))
+def test_the_free_queue_matches_a_plain_list_model(ops: list[tuple[str, int, bool]]) -> None:
+    """Uncached frees to the front, cached ones to the back, hits leave, evictions forget."""
+    pool = PrefixCachingBlockPool(7, 4)
+    queue, holders, hashes = list(range(1, 7)), [0] * 7, {}  # the model, front first
+    for step, (kind, pick, cache) in enumerate(ops):
+        held = [b for b in range(1, 7) if holders[b]]
+        if kind == "allocate" and queue:
+            block = queue.pop(0)
+            hashes.pop(block, None)
+            holders[block] = 1
+            assert pool.allocate() == block
+        elif kind == "free" and held:
+            block = held[pick % len(held)]
+            if cache and block not in hashes:
+                hashes[block] = hashlib.sha256(f"{block}@{step}".encode()).digest()
+                pool.cache_block(block, hashes[block])
+            holders[block] -= 1
+            if not holders[block]:
+                queue.insert(len(queue) if block in hashes else 0, block)
+            pool.free(block)
+        elif kind == "touch" and hashes:
+            block = sorted(hashes)[pick % len(hashes)]
+            if not holders[block]:
+                queue.remove(block)
+            holders[block] += 1
+            pool.touch([block])
+        assert pool.free_blocks() == tuple(queue)
+        assert [pool.block_hash(b) for b in range(1, 7)] == [hashes.get(b) for b in range(1, 7)]
