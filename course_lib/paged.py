@@ -4,8 +4,11 @@ Chapter 03 builds it, chapter 04 shares it, chapters 06 and 07 read real K/V thr
 
 * ``BlockPool`` hands out physical block ids from a free queue and keeps a reference count
   per block. Block 0 is the reserved null block (as in vLLM), so a pool of 8 blocks has 7
-  for requests. A fresh pool hands out 1, 2, 3, ... in order; a freed block goes to the
-  back of the queue, so the least recently freed block is reused first.
+  for requests. A fresh pool hands out 1, 2, 3, ... in order. As in vLLM since May 2026
+  (PR 42656), a freed block that holds nothing a later request could find goes to the
+  *front* of the queue and is reused first; only cached blocks (``course_lib.prefix_cache``)
+  go to the back, in least-recently-freed order. ``free_order="fifo"`` restores vLLM's older
+  order, in which every freed block went to the back.
 * ``PagedKVManager`` keeps one block table per sequence (logical block i -> physical
   block), allocates a block only when the last one is full, forks sequences by sharing
   every block, and copies a shared, partly filled last block before writing into it
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from course_lib.kv_math import blocks_needed
 from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
@@ -36,6 +39,11 @@ NULL_BLOCK = 0
 
 TOKEN_ID_LIMIT = 2**64
 """Token ids are unsigned 64-bit integers (prefix caching hashes them as such)."""
+
+FreeOrder = Literal["vllm", "fifo"]
+"""Where a freed block without a hash goes: the front (``"vllm"``) or the back (``"fifo"``)."""
+
+FREE_ORDERS: tuple[FreeOrder, ...] = ("vllm", "fifo")
 
 
 class OutOfBlocks(RuntimeError):
@@ -64,14 +72,19 @@ class BlockPool:
         num_layers: int = 1,
         dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
+        free_order: FreeOrder = "vllm",
     ) -> None:
         """Make ``num_blocks`` blocks of ``block_size`` tokens (block 0 reserved).
 
         Pass ``num_kv_heads`` and ``head_dim`` to own zeroed K/V tensors for
         ``num_layers`` layers (fp16 unless ``dtype`` says otherwise) on ``device``.
+        ``free_order`` says where a freed block without a hash goes (see the module doc).
         """
         self.num_blocks = check_int("num_blocks", num_blocks, 2)
         self.block_size = check_int("block_size", block_size, 1)
+        if free_order not in FREE_ORDERS:
+            raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
+        self.free_order = free_order
         self._ref = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._events: dict[int, BlockEvent] = {}
@@ -132,12 +145,26 @@ class BlockPool:
         return block_id
 
     def free(self, block_id: int) -> None:
-        """Drop one reference; at zero the block goes to the back of the free queue."""
+        """Drop one reference; at zero the block joins the free queue (see ``_release``)."""
         self._check_held(block_id)
         self._ref[block_id] -= 1
         if self._ref[block_id] == 0:
-            self._free[block_id] = None
+            self._release(block_id)
             self._events[block_id] = "freed"
+
+    def _release(self, block_id: int) -> None:
+        """Queue a block nobody holds: to the back if cached (or under "fifo"), else the front.
+
+        A block without a hash can never be found again, so reusing it first keeps cached
+        blocks longer (vLLM PR 42656).
+        """
+        self._free[block_id] = None
+        if self.free_order == "vllm" and not self._is_cached(block_id):
+            self._free.move_to_end(block_id, last=False)
+
+    def _is_cached(self, block_id: int) -> bool:
+        """Whether ``block_id`` carries a hash a later request could find (never, here)."""
+        return False
 
     def share(self, block_id: int) -> None:
         """Add a reference to a block some sequence already holds (fork)."""

@@ -16,7 +16,10 @@ no tokens to compare.)
 
 A freed block keeps its hash and goes to the back of the free queue, where a later request
 can still find and revive it ("touch"). Only when the pool hands it out again does it lose
-its hash: eviction, least recently freed first.
+its hash: eviction, least recently freed first. A freed block without a hash (a partly
+filled tail) goes to the front instead and is reused first, so it never pushes a cached
+block out (vLLM PR 42656; ``free_order="fifo"`` gives the older order, everything to the
+back).
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ class PrefixCachingBlockPool(BlockPool):
     """
 
     def __init__(self, num_blocks: int, block_size: int, **kv_options: Any) -> None:
-        """As ``BlockPool``; its keyword options make the pool own K/V tensors."""
+        """As ``BlockPool`` (its keyword options: K/V tensors and ``free_order``)."""
         super().__init__(num_blocks, block_size, **kv_options)
         self._hash_of: dict[int, BlockHash] = {}
         self._blocks_of: dict[BlockHash, dict[int, None]] = {}
@@ -125,6 +128,10 @@ class PrefixCachingBlockPool(BlockPool):
             raise ValueError(f"block {block_id} already holds a different hash")
         self._hash_of[block_id] = block_hash
         self._blocks_of.setdefault(block_hash, {})[block_id] = None
+
+    def _is_cached(self, block_id: int) -> bool:
+        """Whether ``block_id`` carries a hash (so it joins the back of the free queue)."""
+        return block_id in self._hash_of
 
     def block_hash(self, block_id: int) -> BlockHash | None:
         """The hash ``block_id`` carries, or None."""

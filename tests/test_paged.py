@@ -31,13 +31,27 @@ def test_out_of_blocks_is_a_typed_runtime_error() -> None:
     assert (caught.value.needed, caught.value.free) == (1, 0)
 
 
-def test_freed_blocks_go_to_the_back_of_the_queue() -> None:
-    pool = BlockPool(6, 4)
+def test_freed_blocks_without_a_hash_go_to_the_front_of_the_queue() -> None:
+    pool = BlockPool(6, 4)  # vLLM since PR 42656: nothing cached, so reuse it first
+    first, second, _ = pool.allocate(), pool.allocate(), pool.allocate()
+    pool.free(second)
+    pool.free(first)
+    assert pool.free_blocks() == (1, 2, 4, 5)
+    assert [pool.allocate() for _ in range(4)] == [1, 2, 4, 5]
+
+
+def test_the_fifo_order_sends_every_freed_block_to_the_back() -> None:
+    pool = BlockPool(6, 4, free_order="fifo")  # vLLM before PR 42656
     first, second, _ = pool.allocate(), pool.allocate(), pool.allocate()
     pool.free(second)
     pool.free(first)
     assert pool.free_blocks() == (4, 5, 2, 1)
     assert [pool.allocate() for _ in range(4)] == [4, 5, 2, 1]
+
+
+def test_an_unknown_free_order_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"free_order must be one of .* got 'lru'"):
+        BlockPool(6, 4, free_order="lru")  # type: ignore[arg-type]
 
 
 def test_a_block_returns_to_the_queue_only_when_its_count_reaches_zero() -> None:
@@ -240,8 +254,8 @@ def test_golden_trace_of_three_samples_two_copies_and_the_free_order() -> None:
     assert [pool.ref_count(b) for b in range(1, 8)] == [3, 1, 1, 1, 1, 1, 1]
     assert pool.free_blocks() == (8, 9)
     manager.free_sequence("s1")
-    assert pool.free_blocks() == (8, 9, 6, 4) and pool.ref_count(1) == 2
-    assert [pool.allocate() for _ in range(3)] == [8, 9, 6]
+    assert pool.free_blocks() == (4, 6, 8, 9) and pool.ref_count(1) == 2
+    assert [pool.allocate() for _ in range(3)] == [4, 6, 8]
 
 
 def test_fork_with_a_full_last_block_needs_no_copy() -> None:
@@ -260,7 +274,7 @@ def test_free_sequence_releases_blocks_tail_first_and_keeps_shared_ones() -> Non
     manager.free_sequence("a")
     assert manager.pool.num_free == 2
     manager.free_sequence("b")
-    assert manager.pool.free_blocks() == (4, 5, 3, 2, 1)
+    assert manager.pool.free_blocks() == (1, 2, 3, 4, 5)  # 3 first, then 2, then 1 in front
     assert manager.sequences == ()
 
 
@@ -568,6 +582,13 @@ class PoolMachine(RuleBasedStateMachine):
         assert len(set(free)) == len(free) == pool.num_free
         held = {b for b in range(1, NUM_BLOCKS) if pool.ref_count(b) > 0}
         assert held.isdisjoint(free) and held | set(free) == set(range(1, NUM_BLOCKS))
+
+    @invariant()
+    def cached_free_blocks_wait_behind_every_uncached_one(self) -> None:
+        if not self.caching:
+            return
+        cached = [self.pool.block_hash(b) is not None for b in self.pool.free_blocks()]
+        assert cached == sorted(cached)  # uncached (reused first) ... cached (LRU order)
 
     @invariant()
     def ref_counts_equal_block_table_entries(self) -> None:

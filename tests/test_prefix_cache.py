@@ -6,6 +6,8 @@ import hashlib
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.paged import BlockPool, OutOfBlocks
 from course_lib.prefix_cache import (
@@ -84,21 +86,21 @@ def test_golden_trace_of_hits_touch_and_eviction_order() -> None:
 
     assert manager.add_sequence("A", token_ids=a) == 0
     assert manager.block_table("A") == (1, 2, 3) and pool.num_cached == 2
-    manager.free_sequence("A")  # tail first: 3, 2, 1 join the back of the queue
-    assert pool.free_blocks() == (4, 5, 6, 7, 3, 2, 1)
+    manager.free_sequence("A")  # tail first: uncached 3 to the front, then 2, 1 to the back
+    assert pool.free_blocks() == (3, 4, 5, 6, 7, 2, 1)
     assert pool.num_free == 7  # cached free blocks still count as free
 
     assert manager.add_sequence("B", token_ids=[*a[:8], 99, 98]) == 8  # touch revives 1, 2
-    assert manager.block_table("B") == (1, 2, 4)
-    assert pool.free_blocks() == (5, 6, 7, 3)
+    assert manager.block_table("B") == (1, 2, 3)  # A's stale tail block is reused first
+    assert pool.free_blocks() == (4, 5, 6, 7)
     manager.free_sequence("B")
-    assert pool.free_blocks() == (5, 6, 7, 3, 4, 2, 1)
+    assert pool.free_blocks() == (3, 4, 5, 6, 7, 2, 1)
 
     assert manager.add_sequence("C", token_ids=list(range(50, 66))) == 0
-    assert manager.block_table("C") == (5, 6, 7, 3) and pool.num_evictions == 0
+    assert manager.block_table("C") == (3, 4, 5, 6) and pool.num_evictions == 0
     assert manager.add_sequence("D", token_ids=[70, 71, 72, 73, 74]) == 0
-    assert manager.block_table("D") == (4, 2)  # 2 was least recently freed: evicted
-    assert pool.block_hash(4) == block_hashes([70, 71, 72, 73], 4)[0]
+    assert manager.block_table("D") == (7, 2)  # 2 was least recently freed: evicted
+    assert pool.block_hash(7) == block_hashes([70, 71, 72, 73], 4)[0]
     assert pool.num_evictions == 1 and pool.block_hash(2) is None
     assert pool.block_hash(1) is not None and pool.free_blocks() == (1,)
 
@@ -109,9 +111,9 @@ def test_golden_trace_of_hits_touch_and_eviction_order() -> None:
     assert "E" not in manager.sequences
 
     manager.free_sequence("D")
-    assert pool.free_blocks() == (1, 2, 4)
+    assert pool.free_blocks() == (2, 1, 7)  # D's uncached tail in front, its cached head behind
     assert manager.add_sequence("E", token_ids=a) == 4  # only the first block survived
-    assert manager.block_table("E") == (1, 2, 4)  # reusing 4 evicted D's first block
+    assert manager.block_table("E") == (1, 2, 7)  # reusing 7 evicted D's first block
     assert pool.block_hash(2) == block_hashes(a, 4)[1]  # recomputed and cached again
     assert pool.num_evictions == 2
 
@@ -145,18 +147,18 @@ def test_golden_trace_of_shared_counts_copy_on_write_salts_and_eviction() -> Non
     assert manager.block_table("d") == (6, 7, 8) and pool.free_blocks() == (9,)
 
     manager.free_sequence("a")
-    assert pool.free_blocks() == (9, 3) and refs()[1] == refs()[2] == 2
+    assert pool.free_blocks() == (3, 9) and refs()[1] == refs()[2] == 2
     manager.free_sequence("b")
-    assert pool.free_blocks() == (9, 3, 4)
+    assert pool.free_blocks() == (4, 3, 9)  # partly filled tails go to the front
     manager.free_sequence("c")
     manager.free_sequence("d")
-    assert pool.free_blocks() == (9, 3, 4, 5, 2, 1, 8, 7, 6)
+    assert pool.free_blocks() == (8, 4, 3, 9, 5, 2, 1, 7, 6)
     assert refs() == {} and pool.num_cached == 5  # 1, 2, 5 and the salted 6, 7
 
     assert manager.add_sequence("e", token_ids=[*t[:8], 50, 51, 52, 53, 60]) == 12
-    assert manager.block_table("e") == (1, 2, 5, 9) and pool.num_evictions == 0
+    assert manager.block_table("e") == (1, 2, 5, 8) and pool.num_evictions == 0
     assert manager.add_sequence("f", token_ids=list(range(100, 116))) == 0
-    assert manager.block_table("f") == (3, 4, 8, 7)  # 7 (salted, freed before 6) is evicted
+    assert manager.block_table("f") == (4, 3, 9, 7)  # 7 (salted, freed before 6) is evicted
     assert pool.num_evictions == 1 and pool.free_blocks() == (6,)
 
     before = (pool.free_blocks(), refs(), manager.stats())
@@ -165,11 +167,11 @@ def test_golden_trace_of_shared_counts_copy_on_write_salts_and_eviction() -> Non
     assert (pool.free_blocks(), refs(), manager.stats()) == before
 
     manager.free_sequence("e")
-    assert pool.free_blocks() == (6, 9, 5, 2, 1)
+    assert pool.free_blocks() == (8, 6, 5, 2, 1)
     assert manager.add_sequence("g", token_ids=t, cache_salt="t") == 4
-    assert manager.block_table("g") == (6, 9, 5)  # reusing 5 evicts e's third block
+    assert manager.block_table("g") == (6, 8, 5)  # reusing 5 evicts e's third block
     assert pool.num_evictions == 2 and pool.free_blocks() == (2, 1)
-    assert pool.block_hash(9) == block_hashes(t, 4, cache_salt="t")[1]
+    assert pool.block_hash(8) == block_hashes(t, 4, cache_salt="t")[1]
     assert refs() == {3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1}
 
     stats = manager.stats()
@@ -305,3 +307,51 @@ def test_a_refused_touch_or_cache_block_changes_nothing() -> None:
     pool.free(held)
     assert sorted(pool.allocate() for _ in range(7)) == list(range(1, 8))  # no crash
     assert pool.num_evictions == 1 and pool.num_cached == 0
+
+@pytest.mark.parametrize(("order", "hit", "table_c", "evictions"),
+                         [("vllm", 8, (4, 5), 0), ("fifo", 4, (3, 2), 1)])
+def test_a_stale_tail_block_costs_a_hit_only_under_the_old_fifo_order(
+    order: str, hit: int, table_c: tuple[int, ...], evictions: int
+) -> None:
+    manager = PrefixCachingKVManager(PrefixCachingBlockPool(6, 4, free_order=order))  # type: ignore[arg-type]
+    a = list(range(10))  # two cached blocks and a partly filled tail
+    manager.add_sequence("A", token_ids=a)
+    manager.free_sequence("A")
+    manager.add_sequence("B", token_ids=[50, 51, 52, 53, 54])
+    manager.free_sequence("B")
+    manager.add_sequence("C", token_ids=[60, 61, 62, 63, 64, 65])
+    assert manager.block_table("C") == table_c and manager.pool.num_evictions == evictions
+    assert manager.add_sequence("A again", token_ids=a) == hit
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["allocate", "free", "touch"]), st.integers(0, 99),
+                          st.booleans()), max_size=80))
+def test_the_free_queue_matches_a_plain_list_model(ops: list[tuple[str, int, bool]]) -> None:
+    """Uncached frees to the front, cached ones to the back, hits leave, evictions forget."""
+    pool = PrefixCachingBlockPool(7, 4)
+    queue, holders, hashes = list(range(1, 7)), [0] * 7, {}  # the model, front first
+    for step, (kind, pick, cache) in enumerate(ops):
+        held = [b for b in range(1, 7) if holders[b]]
+        if kind == "allocate" and queue:
+            block = queue.pop(0)
+            hashes.pop(block, None)
+            holders[block] = 1
+            assert pool.allocate() == block
+        elif kind == "free" and held:
+            block = held[pick % len(held)]
+            if cache and block not in hashes:
+                hashes[block] = hashlib.sha256(f"{block}@{step}".encode()).digest()
+                pool.cache_block(block, hashes[block])
+            holders[block] -= 1
+            if not holders[block]:
+                queue.insert(len(queue) if block in hashes else 0, block)
+            pool.free(block)
+        elif kind == "touch" and hashes:
+            block = sorted(hashes)[pick % len(hashes)]
+            if not holders[block]:
+                queue.remove(block)
+            holders[block] += 1
+            pool.touch([block])
+        assert pool.free_blocks() == tuple(queue)
+        assert [pool.block_hash(b) for b in range(1, 7)] == [hashes.get(b) for b in range(1, 7)]

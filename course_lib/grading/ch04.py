@@ -1,4 +1,5 @@
-"""Chapter 04 exercises: fork, copy-on-write, the block-hash chain, prefix lookup, sharing.
+"""Chapter 04 exercises: fork, copy-on-write, the block-hash chain, prefix lookup, sharing,
+and the prefix cache's free queue (eviction order).
 
 Expected values come from ``course_lib.paged``, ``course_lib.prefix_cache`` and
 ``course_lib.sharing``. The learner's ``fork`` and ``append_token`` work on block tables
@@ -6,19 +7,24 @@ held as plain lists over a library ``BlockPool``; a case replays a short script 
 operations twice, once through the learner's function and once through
 ``PagedKVManager``, and compares what each leaves behind: every table, every length, every
 reference count and the number of free blocks. How the learner's code reaches that state
-(``copy_on_write``, or ``allocate`` plus ``free``) is up to them.
+(``copy_on_write``, or ``allocate`` plus ``free``) is up to them. The learner's free queue
+is driven only through its four methods and compared, block id by block id, with
+``PrefixCachingBlockPool`` running the same script.
+
+Every case's ``run`` returns plain data (ints, None, str, lists, tuples, dicts), and
+``strict_equal`` compares it type for type: ``True`` is not ``1`` and ``7.0`` is not ``7``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from course_lib.grading.check import Case, Exercise
 from course_lib.kv_math import blocks_needed
-from course_lib.paged import BlockPool, PagedKVManager
+from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCachingBlockPool,
@@ -34,20 +40,27 @@ Op = tuple[Any, ...]
 ``("free", seq)``; appends go one token at a time, as decoding does."""
 
 
-@dataclass(frozen=True)
-class PoolState:
-    """What a script leaves behind, in a form that reads well in a failure report."""
+def strict_equal(got: Any, expected: Any) -> bool:
+    """Equal plain data of the same types all the way down (lists, tuples, dicts, scalars)."""
+    if type(got) is not type(expected):
+        return False
+    if isinstance(expected, list | tuple):
+        return len(got) == len(expected) and all(map(strict_equal, got, expected))
+    if isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(
+            strict_equal(got[key], value) for key, value in expected.items()
+        )
+    return bool(got == expected)
 
-    tables: tuple[tuple[str, tuple[Any, ...]], ...]
-    lengths: tuple[tuple[str, Any], ...]
-    refs: tuple[tuple[int, int], ...]
-    free: int
 
-    def __repr__(self) -> str:
-        tables = ", ".join(f"{seq}: {list(table)}" for seq, table in self.tables)
-        lengths = ", ".join(f"{seq}: {length!r}" for seq, length in self.lengths)
-        refs = ", ".join(f"{block}: {count}" for block, count in self.refs)
-        return f"tables {{{tables}}} lengths {{{lengths}}} ref counts {{{refs}}} free {self.free}"
+def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str) -> Case:
+    """A case compared with ``strict_equal``."""
+    return Case(call, run, expected, hint, strict_equal)
+
+
+PoolState = dict[str, Any]
+"""What a script leaves behind, as plain data: ``{"tables": {seq: [block, ...]},
+"lengths": {seq: tokens}, "refs": {block: count}, "free": blocks}``."""
 
 
 def _state(
@@ -55,16 +68,16 @@ def _state(
 ) -> PoolState:
     """The state of ``pool`` and the live tables; only blocks held by someone are listed."""
     names = sorted(tables)
-    return PoolState(
-        tables=tuple((seq, tuple(tables[seq])) for seq in names),
-        lengths=tuple((seq, lengths[seq]) for seq in names),
-        refs=tuple(
-            (block, pool.ref_count(block))
+    return {
+        "tables": {seq: list(tables[seq]) for seq in names},
+        "lengths": {seq: lengths[seq] for seq in names},
+        "refs": {
+            block: pool.ref_count(block)
             for block in range(1, pool.num_blocks)
             if pool.ref_count(block)
-        ),
-        free=pool.num_free,
-    )
+        },
+        "free": pool.num_free,
+    }
 
 
 def _expected_state(num_blocks: int, block_size: int, script: Sequence[Op]) -> PoolState:
@@ -155,27 +168,27 @@ def _samples(prompt: int, count: int, new: int) -> list[Op]:
 
 # --- 04.fork ------------------------------------------------------------------------------
 
-FORK_HINT = ("share every block once (pool.share(block)) and return a NEW list with the same "
-             "block ids; fork allocates nothing and leaves the parent's table as it was")
+FORK_HINT = ("after a fork the child reads exactly the parent's blocks, and the pool must know "
+             "that each of them now has one more reader; nothing new is stored")
 
 FORK_SCRIPTS: tuple[tuple[int, int, list[Op], str], ...] = (
     (8, 4, [("add", "a", 6), ("fork", "a", "b")], FORK_HINT),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("fork", "a", "c")],
-     "each fork adds one reference to every block: two forks -> count 3"),
+     "how many tables point at each block after two forks of the same parent?"),
     (8, 4, [("add", "a", 0), ("fork", "a", "b")], "an empty table forks into an empty table"),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("free", "a")],
-     "after the parent is freed, the child must still hold every block (count 1 each)"),
+     "when the parent is freed, the child still reads those blocks: they must stay in use"),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1)],
-     "the child's first token goes into a shared block, so the pool must see count 2 there "
-     "(copy-on-write depends on your counts)"),
+     "copy-on-write decides from the pool's counts whether a block is shared: after your "
+     "fork, are they right?"),
     (12, 4, [("add", "a", 5), ("fork", "a", "b"), ("fork", "b", "c"), ("free", "a"),
              ("append", "c", 2), ("append", "b", 4)],
-     "a fork of a fork shares the same physical blocks: counts add up across generations"),
+     "a fork of a fork reads the same physical blocks as its grandparent"),
 )
 
 
 def _fork_state_case(num_blocks: int, block_size: int, script: list[Op], hint: str) -> Case:
-    return Case(
+    return _case(
         f"fork(pool, table) in: {_script_text(block_size, script)}",
         lambda fn: _replay(num_blocks, block_size, script, fn, _library_append),
         _expected_state(num_blocks, block_size, script),
@@ -194,64 +207,62 @@ def _fork_keeps_parent(fn: Callable[[BlockPool, list[int]], Any]) -> list[int]:
 
 def _fork_cases() -> list[Case]:
     cases = [_fork_state_case(*args) for args in FORK_SCRIPTS]
-    cases.append(Case(
+    cases.append(_case(
         "parent = [1, 2]; child = fork(pool, parent); child.append(7); parent",
         _fork_keeps_parent,
         [1, 2],
-        "return a new list (list(table)), not the parent's own list: appending to the child "
-        "must not change the parent",
+        "the child's table must be its own: growing the child must not change the parent",
     ))
     demo = _samples(1000, 4, 200)
-    cases.append(Case(
+    cases.append(_case(
         "fork(pool, table) in the source's demo: 1,000-token prompt, 4 samples x 200 tokens, "
         "blocks of 16",
-        lambda fn: _replay(301, 16, demo, fn, _library_append).free,
-        _expected_state(301, 16, demo).free,
-        "free blocks at the end: 300 usable - 114 in use when every fork shares correctly",
+        lambda fn: _replay(301, 16, demo, fn, _library_append)["free"],
+        _expected_state(301, 16, demo)["free"],
+        "free blocks at the end of the source's demo: forks must share, not copy",
     ))
     return cases
 
 
 # --- 04.append_token ----------------------------------------------------------------------
 
-APPEND_HINT = ("length % block_size == 0 means the last block is full (or there is none): "
-               "append pool.allocate(); otherwise, if the last block's ref_count is above 1, "
-               "replace it by a copy (pool.copy_on_write); return length + 1")
+APPEND_HINT = ("a token needs a slot: in the last block if it has room, else in a new block; "
+               "and no sequence may change a block that another sequence still reads")
 
 APPEND_SCRIPTS: tuple[tuple[int, int, list[Op], str], ...] = (
     (8, 4, [("add", "a", 0), ("append", "a", 1)],
      "an empty sequence has no block: its first token needs a fresh one"),
     (8, 4, [("add", "a", 3), ("append", "a", 1)],
-     "the last block has a free slot and is yours alone: write in place, allocate nothing"),
+     "the last block has a free slot and nobody else reads it: does anything need to change?"),
     (8, 4, [("add", "a", 4), ("append", "a", 1)],
-     "4 tokens fill a block of 4: the 5th token needs a fresh block"),
+     "where does the 5th token go when 4 tokens fill a block of 4?"),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1)],
-     "the last block is shared and partly filled: copy it first (new block, old count - 1)"),
+     "the last block is partly filled and another sequence still reads it: writing there "
+     "would change what that sequence sees"),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1), ("append", "a", 1)],
-     "once the other sharer has its copy, the count is 1: the last holder writes in place"),
+     "after the other sharer made its copy, who else reads the old block?"),
     (8, 4, [("add", "a", 8), ("fork", "a", "b"), ("append", "b", 1)],
-     "a shared FULL block is never written again: take a fresh block and copy nothing"),
+     "a full block is never written again, shared or not: what does the next token need?"),
     (10, 4, [("add", "p", 6), ("fork", "p", "s0"), ("fork", "p", "s1"), ("fork", "p", "s2"),
              ("free", "p"), ("append", "s0", 1), ("append", "s1", 1), ("append", "s2", 1),
              ("append", "s0", 2), ("append", "s1", 2), ("append", "s2", 2)],
-     "the lecture's three samples: two copies, then the last sample writes in place"),
+     "three samples of one prompt: think about what the third writer finds"),
     (12, 4, [("add", "a", 2), ("append", "a", 9)],
-     "append 9 tokens one at a time: a new block at lengths 4 and 8, none in between"),
+     "nine tokens one at a time: a block is taken only when one is needed"),
 )
 
 
 def _demo_summary(state: PoolState) -> tuple[int, tuple[Any, ...], Any]:
     """(blocks in use, last prompt block per sample, first block's count) of the demo."""
-    tables = dict(state.tables)
+    tables, refs = state["tables"], state["refs"]
     lasts = tuple(tables[f"s{i}"][62] if len(tables[f"s{i}"]) > 62 else None for i in range(4))
-    refs = dict(state.refs)
     first = tables["s0"][0] if tables["s0"] else None
-    return len(state.refs), lasts, refs.get(first, 0)
+    return len(refs), lasts, refs.get(first, 0)
 
 
 def _append_cases() -> list[Case]:
     cases = [
-        Case(
+        _case(
             f"append_token(pool, table, length) in: {_script_text(size, script)}",
             lambda fn, n=n, size=size, script=script: _replay(n, size, script, _library_fork, fn),
             _expected_state(n, size, script),
@@ -260,15 +271,15 @@ def _append_cases() -> list[Case]:
         for n, size, script, hint in APPEND_SCRIPTS
     ]
     demo = cow_demo(prompt_tokens=1000, samples=4, new_tokens=200, block_size=16)
-    cases.append(Case(
+    cases.append(_case(
         "the source's demo with append_token: 1,000-token prompt, 4 samples x 200 tokens, "
         "blocks of 16 -> (blocks in use, last prompt block per sample, first block's count)",
         lambda fn: _demo_summary(
             _replay(301, 16, _samples(1000, 4, 200), _library_fork, fn)
         ),
         (demo.blocks_in_use, demo.last_prompt_block_per_sample, demo.first_block_refcount),
-        "the first three writers copy the shared last prompt block, the fourth finds count 1 "
-        "and keeps it; 62 full prompt blocks stay shared by all 4",
+        "the source's demo: which of the four samples still shares the prompt's partly "
+        "filled last block when it writes?",
     ))
     return cases
 
@@ -299,24 +310,25 @@ def _prompt(length: int, seed: int = 0) -> list[int]:
 
 
 def _block_hashes_cases() -> list[Case]:
-    hint = ("one hash per FULL block: hash_block_tokens(parent, the block's tokens, extra "
-            "keys), with parent None for the first block and the previous block's hash after")
-    salt_hint = ("the cache salt goes into the FIRST block's extra keys only "
-                 "([cache_salt]); later blocks inherit it through their parent's hash")
+    hint = ("each full block's hash must name its whole prefix, not only its own tokens: "
+            "what does hash_block_tokens take besides the tokens?")
+    salt_hint = ("the salt must change every hash of the chain, yet it is an extra key of one "
+                 "block only: which block, and how do the others inherit it?")
     inputs: list[tuple[list[int], int, str | None, str]] = [
         (list(range(10)), 4, None, hint),
         (list(range(8)), 4, None, "8 tokens fill exactly 2 blocks of 4: both get a hash"),
-        ([1, 2, 3], 4, None, "a partly filled block gets no hash: 3 tokens in blocks of 4 -> []"),
+        ([1, 2, 3], 4, None, "can a block that is still being filled be named by a hash?"),
         ([], 4, None, "no tokens, no hashes"),
-        ([99, *range(1, 10)], 4, None, "the parent of block i is the hash of block i - 1"),
+        ([99, *range(1, 10)], 4, None,
+         "a change in the first block must change every later hash too"),
         (list(range(10)), 4, "tenant-a", salt_hint),
         (list(range(5)), 1, "tenant-b", salt_hint),
-        (_prompt(1000), 16, None, "a 1,000-token prompt has 62 full blocks of 16"),
+        (_prompt(1000), 16, None, "a long prompt: how many of its blocks are full?"),
     ]
     cases = []
     for tokens, size, salt, case_hint in inputs:
         shown = tokens if len(tokens) <= 10 else f"<{len(tokens)} tokens>"
-        cases.append(Case(
+        cases.append(_case(
             f"fn({shown}, block_size={size}{_salt_text(salt)})",
             lambda fn, t=tokens, s=size, c=salt: _short(list(_with_salt(fn, c, list(t), s))),
             _short(block_hashes(tokens, size, cache_salt=salt)),
@@ -369,37 +381,38 @@ def _lookup_cases() -> list[Case]:
     first, second = block_hashes(a, 4)
     system = _prompt(1000)
     cached_system = _cached_after(16, [([*system, 1, 2, 3], None)])
-    stop = "walk the hashes from the first block and stop at the first one not in the cache"
+    stop = ("a cached block is useful only if every block before it is cached too: what "
+            "happens after the first miss?")
     inputs: list[tuple[str, dict[BlockHash, int], list[int], int, str | None, str]] = [
         ("cache after A = 0..9", cached_a, a, 4, None,
-         "A's two full blocks are cached; the last prompt token must be computed, but here "
-         "it sits in the partly filled third block, so both blocks are usable"),
+         "A's two full blocks are cached, and the prompt's last token is in its third block"),
         ("cache after A = 0..9", cached_a, [*a[:8], 99, 98, 97], 4, None,
-         "the first 8 tokens match A: both of A's full blocks"),
+         "the first 8 tokens match A"),
         ("cache after A = 0..9", cached_a, [0, 1, 2, 3, 99, 5, 6, 7, 8], 4, None, stop),
         ("cache after A = 0..9", cached_a, [99, *a[1:]], 4, None,
          "the first block differs, so no hash matches (every later hash chains from it)"),
         ("cache after A = 0..9", cached_a, a[:8], 4, None,
-         "8 tokens are exactly 2 full blocks, but the last prompt token is always computed: "
-         "use at most (len(token_ids) - 1) // block_size blocks"),
-        ("cache after A = 0..9", cached_a, a[:3], 4, None, "fewer tokens than a block: nothing"),
+         "the model must compute the last prompt token itself to choose the next token: "
+         "can the block holding it come from the cache?"),
+        ("cache after A = 0..9", cached_a, a[:3], 4, None,
+         "a prompt shorter than a block has no full block"),
         ("empty cache", {}, a, 4, None, "an empty cache finds nothing"),
         ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, None,
          "a request without the salt must not see the salted blocks"),
         ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, "acme",
-         "the same salt, the same hashes: pass cache_salt on to your block hashes"),
+         "the same salt gives the same hashes: does your lookup hash with the salt?"),
         ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, "globex",
          "a different salt changes every hash: nothing found"),
         ("cache with only A's SECOND block (the first was evicted)", {second: 2}, a, 4, None,
-         stop + "; a later block is useless without the blocks before it"),
+         stop),
         ("cache with only A's first block", {first: 1}, a, 4, None, stop),
         ("cache after a chat with a 1,000-token system prompt", cached_system,
-         [*system, 7, 7, 7], 16, None, "the system prompt's 62 full blocks are all cached"),
+         [*system, 7, 7, 7], 16, None, "the whole system prompt was cached by the first chat"),
     ]
     cases = []
     for label, cache, tokens, size, salt, hint in inputs:
         shown = tokens if len(tokens) <= 11 else f"<{len(tokens)} tokens>"
-        cases.append(Case(
+        cases.append(_case(
             f"fn(<{label}>, {shown}, block_size={size}{_salt_text(salt)})",
             lambda fn, c=cache, t=tokens, s=size, k=salt: list(
                 _with_salt(fn, k, dict(c), list(t), s)
@@ -410,27 +423,191 @@ def _lookup_cases() -> list[Case]:
     return cases
 
 
+# --- 04.free_queue ------------------------------------------------------------------------
+
+QueueOp = tuple[Any, ...]
+"""``("alloc", seq, n)``: ``n`` allocations make ``seq``'s table (``OutOfBlocks`` is
+recorded as ``"OutOfBlocks"``); ``("free", seq, hashes)``:
+``free(seq's table, hashes)``; ``("hit", seq, name)``: ``lookup(name)`` and, if found,
+``touch`` that block, which becomes ``seq``'s table; ``("lookup", name)``: ``lookup`` alone."""
+
+
+def _digest(name: str) -> BlockHash:
+    """A stand-in block hash for a case's hash name (the learner's class sees the name)."""
+    return hashlib.sha256(name.encode()).digest()
+
+
+class _LibraryQueue:
+    """The exercise's interface over ``PrefixCachingBlockPool``: the expected behaviour."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.pool = PrefixCachingBlockPool(num_blocks, 1)
+
+    def allocate(self) -> int:
+        return self.pool.allocate()
+
+    def free(self, blocks: Sequence[int], hashes: Sequence[str | None]) -> None:
+        for block, name in reversed(list(zip(blocks, hashes, strict=True))):
+            if name is not None:
+                self.pool.cache_block(block, _digest(name))
+            self.pool.free(block)
+
+    def lookup(self, name: str) -> int | None:
+        found = self.pool.longest_cached_prefix([_digest(name)])
+        return found[0] if found else None
+
+    def touch(self, block: int) -> None:
+        self.pool.touch([block])
+
+
+def _play(
+    queue: Any, script: Sequence[QueueOp], tables: dict[str, list[Any]] | None = None
+) -> list[Any]:
+    """Run ``script`` on ``queue``; what ``allocate`` and ``lookup`` returned, in order."""
+    tables = {} if tables is None else tables
+    out: list[Any] = []
+    for op in script:
+        if op[0] == "alloc":
+            tables[op[1]] = []
+            try:
+                for _ in range(op[2]):
+                    tables[op[1]].append(queue.allocate())
+            except OutOfBlocks:
+                out += [*tables[op[1]], "OutOfBlocks"]
+            else:
+                out += tables[op[1]]
+        elif op[0] == "free":
+            queue.free(list(tables.pop(op[1])), list(op[2]))
+        elif op[0] == "hit":
+            out.append(queue.lookup(op[2]))
+            if out[-1] is not None:
+                queue.touch(out[-1])
+                tables[op[1]] = [out[-1]]
+        else:
+            out.append(queue.lookup(op[1]))
+    return out
+
+
+def _queue_text(num_blocks: int, script: Sequence[QueueOp]) -> str:
+    """A one-line description of a free-queue script for the report."""
+    steps = [f"q = cls({num_blocks})"]
+    for op in script:
+        if op[0] == "alloc":
+            steps.append(f"{op[1]} = {op[2]} x allocate()")
+        elif op[0] == "free":
+            steps.append(f"free({op[1]}, {list(op[2])})")
+        elif op[0] == "hit":
+            steps.append(f"{op[1]} = hit on {op[2]!r}")
+        else:
+            steps.append(f"lookup({op[1]!r})")
+    return "; ".join(steps)
+
+
+def _random_script(seed: int, num_blocks: int, steps: int) -> list[QueueOp]:
+    """A seeded mix of allocations, frees (half with an uncached tail) and cache hits."""
+    rng = random.Random(seed)
+    library, tables = _LibraryQueue(num_blocks), {}
+    live: dict[str, list[Any]] = {}  # hash names of each live sequence's blocks
+    freed: list[str] = []  # every name freed with its block so far
+    script: list[QueueOp] = []
+    for step in range(steps):
+        seq, roll = f"r{step}", rng.random()
+        if live and roll < 0.4:
+            seq = rng.choice(sorted(live))
+            hashes = live.pop(seq)
+            if hashes[-1] == f"{seq}.{len(hashes) - 1}" and rng.random() < 0.5:
+                hashes[-1] = None  # a partly filled tail
+            op: QueueOp = ("free", seq, tuple(hashes))
+            freed += [name for name in hashes if name is not None]
+        elif freed and roll < 0.65:
+            op = ("hit", seq, rng.choice(freed))
+        elif library.pool.num_free:
+            op = ("alloc", seq, rng.randint(1, min(3, library.pool.num_free)))
+        else:
+            continue
+        found = _play(library, [op], tables)
+        if op[0] == "alloc":
+            live[seq] = [f"{seq}.{i}" for i in range(op[2])]
+        elif op[0] == "hit" and found[0] is not None:
+            live[seq] = [op[2]]
+        script.append(op)
+    return script
+
+
+QUEUE_SCRIPTS: tuple[tuple[int, list[QueueOp], str], ...] = (
+    (6, [("alloc", "A", 5)], "a new pool hands its blocks out in id order, block 0 never"),
+    (3, [("alloc", "A", 3)], "only blocks 1 and 2 exist: the third allocate raises OutOfBlocks"),
+    (6, [("alloc", "A", 3), ("free", "A", (None, None, None)), ("alloc", "B", 5)],
+     "blocks without a hash hold nothing a later request can find: which should be reused "
+     "first, they or blocks never used?"),
+    (6, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("alloc", "B", 5)],
+     "cached blocks wait behind every other free block; when one must go, which block of a "
+     "prefix is worth least to the next request?"),
+    (4, [("alloc", "A", 2), ("alloc", "B", 1), ("free", "A", ("a0", "a1")),
+         ("free", "B", (None,)), ("alloc", "C", 1), ("lookup", "a1"), ("lookup", "a0")],
+     "B's stale, partly filled block was freed last, yet it must not push a cached block out"),
+    (8, [("alloc", "A", 2), ("alloc", "B", 2), ("free", "A", ("a0", "a1")),
+         ("free", "B", ("b0", "b1")), ("alloc", "C", 7)],
+     "two requests' cached blocks: the one freed longer ago is evicted first"),
+    (4, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("alloc", "B", 2),
+         ("lookup", "a2"), ("lookup", "a1"), ("lookup", "a0")],
+     "a block handed out again is overwritten: its hash must no longer be found"),
+    (5, [("alloc", "A", 2), ("free", "A", ("a0", "a1")), ("hit", "B", "a1"), ("alloc", "C", 3)],
+     "a cache hit takes its block back: nobody else may be handed it while B reads it"),
+    (5, [("alloc", "A", 2), ("free", "A", ("a0", "a1")), ("hit", "B", "a0"),
+         ("hit", "C", "a0"), ("free", "B", ("a0",)), ("alloc", "D", 4)],
+     "two requests hit the same block: it is free again only when both are done"),
+    (5, [("alloc", "A", 2), ("free", "A", ("a0", "a1")), ("alloc", "B", 2),
+         ("free", "B", ("b0", "b1")), ("hit", "C", "a1"), ("free", "C", ("a1",)),
+         ("alloc", "D", 4)],
+     "a block used again is recently used: freed again, it joins the back of the queue"),
+    (4, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("hit", "B", "a0"),
+         ("alloc", "C", 1), ("hit", "D", "a2"), ("hit", "E", "a1")],
+     "a hit on a block that was evicted is a miss (lookup returns None)"),
+)
+
+
+def _queue_cases() -> list[Case]:
+    cases = [
+        _case(f"{_queue_text(n, script)} -> [what allocate and lookup returned]",
+              lambda cls, n=n, script=script: _play(cls(n), script),
+              _play(_LibraryQueue(n), script), hint)
+        for n, script, hint in QUEUE_SCRIPTS
+    ]
+    for seed in (1, 2):
+        script = _random_script(seed, 9, 60)
+        cases.append(_case(
+            f"q = cls(9); a seeded mix of {len(script)} allocations, frees and hits (seed "
+            f"{seed}) -> [what allocate and lookup returned]",
+            lambda cls, script=script: _play(cls(9), script),
+            _play(_LibraryQueue(9), script),
+            "compare your queue with the rules one by one: front or back, tail before head, "
+            "hits leave the queue, evicted hashes are forgotten",
+        ))
+    return cases
+
+
 # --- 04.system_prompt_blocks --------------------------------------------------------------
 
 
 def _system_prompt_cases() -> list[Case]:
-    hint = ("without sharing: chats x ceil(prompt / block_size). With sharing, the full blocks a "
-            "later chat can take from the cache are held once, and every chat holds the rest")
+    hint = ("count what one chat holds, then which of those blocks a later chat can take from "
+            "the cache instead of holding its own")
     inputs = [
         (1000, 50, 16, hint),
-        (1000, 50, 128, "blocks of 128: only 7 full blocks (896 tokens) can be shared"),
+        (1000, 50, 128, "bigger blocks: only full blocks are cached"),
         (1000, 1, 16, "one chat shares with nobody: it holds all its blocks"),
         (10, 5, 16, "a prompt shorter than a block has no full block to share"),
         (1024, 50, 16,
-         "1,024 tokens fill 64 blocks, but a later chat must compute its last prompt token, so "
-         "it takes only (prompt - 1) // block_size blocks from the cache"),
-        (16, 3, 16, "one full block, but the last prompt token is always computed: no sharing"),
+         "1,024 tokens fill 64 blocks exactly, but a later chat must compute its last prompt "
+         "token (the rule of exercise 4)"),
+        (16, 3, 16, "one full block that holds the last prompt token: the rule of exercise 4"),
         (33, 4, 16, hint),
     ]
     cases = []
     for prompt, chats, size, case_hint in inputs:
         demo = system_prompt_sharing(prompt, chats, size)
-        cases.append(Case(
+        cases.append(_case(
             f"fn(prompt_tokens={prompt}, chats={chats}, block_size={size})",
             lambda fn, p=prompt, c=chats, s=size: tuple(fn(p, c, s)),
             (demo.blocks_with_sharing, demo.blocks_without_sharing),
@@ -444,6 +621,7 @@ EXERCISES = (
     Exercise("04.append_token", "Append a token with copy-on-write", _append_cases),
     Exercise("04.block_hashes", "The block-hash chain", _block_hashes_cases),
     Exercise("04.longest_cached_prefix", "Longest cached prefix", _lookup_cases),
+    Exercise("04.free_queue", "The prefix cache's free queue and eviction order", _queue_cases),
     Exercise("04.system_prompt_blocks", "Blocks for chats behind one system prompt",
              _system_prompt_cases),
 )
