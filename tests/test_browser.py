@@ -1,24 +1,38 @@
 """The course as a learner sees it: JupyterLab in a real (headless) Chromium.
 
-Headless notebook runs cannot tell whether a widget renders. These tests start JupyterLab
-on a free loopback port, open lecture notebooks in Debian's Chromium driven by Playwright,
-run them, move a slider, and check that what is drawn changes. Screenshots land in
-``test-artifacts/browser/``. JupyterLab is stopped whatever happens. Where no browser can be
-installed (not root, no apt-get, no network to the package mirror) the tests are skipped
-with the reason.
+Headless notebook runs cannot tell whether a widget renders. Each test starts its own
+JupyterLab over a copy of the lectures, opens one lecture notebook in Debian's Chromium
+driven by Playwright, runs it, moves a slider, and checks that what is drawn changes.
+
+Every test is sealed in its ``tmp_path``: HOME, the Jupyter config/data/runtime dirs,
+JupyterLab's settings and workspaces, IPython's profile, the XDG dirs and Chromium's profile
+all point there, for this process, the server, its kernels and the browser (TMPDIR is a short
+folder of the test's own in the system temp dir, removed afterwards: Chromium's socket paths
+must stay under 108 bytes); the
+notebook opens in a workspace of its own (``/lab/workspaces/<unique>/tree/...?reset``), so
+no test sees another's layout, whatever the order. Each test then checks that its workspace,
+server and kernel files landed in the tmp home and that nothing of its own appeared under
+the real home. Screenshots are taken in ``tmp_path`` and copied to the repository's
+(gitignored) ``test-artifacts/browser/``. Where no browser can be installed (not root, no
+apt-get, no network to the package mirror) the tests are skipped with the reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -29,9 +43,85 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run",
+    "--no-first-run", "--no-default-browser-check", "--password-store=basic",
 ]
 TOKEN = "course-browser-test"
+# What JupyterLab, IPython, matplotlib and Chromium would write under a real home.
+HOME_DIRS = (".jupyter", ".local/share/jupyter", ".ipython", ".config/chromium",
+             ".cache/chromium", ".pki", ".config/matplotlib", ".cache/matplotlib")
+START_S = 90  # server start, page load, kernel start: generous for a loaded 2-core machine
+RUN_MS = 240_000  # running a whole notebook
+UPDATE_MS = 60_000  # a slider move reaching the kernel and back
+
+
+@dataclass
+class Lab:
+    """One test's sealed JupyterLab: its tmp home, server, workspace and what it left."""
+
+    tmp: Path
+    scratch: Path
+    real_home: Path
+    workspace: str = field(default_factory=lambda: f"test-{uuid.uuid4().hex[:12]}")
+    server: subprocess.Popen | None = None
+    url: str = ""
+    kernel_ids: list[str] = field(default_factory=list)
+    real_before: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def home(self) -> Path:
+        return self.tmp / "home"
+
+    @property
+    def runtime(self) -> Path:
+        return self.home / ".local" / "share" / "jupyter" / "runtime"
+
+    @property
+    def workspaces(self) -> Path:
+        return self.home / ".jupyter" / "lab" / "workspaces"
+
+    @property
+    def settings(self) -> Path:
+        return self.home / ".jupyter" / "lab" / "user-settings"
+
+    @property
+    def shots(self) -> Path:
+        return self.tmp / "screenshots"
+
+    def env(self) -> dict[str, str]:
+        """Every directory a Jupyter/IPython/Chromium process would write to, under tmp."""
+        home = self.home
+        return {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_DATA_HOME": str(home / ".local" / "share"),
+            "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "TMPDIR": str(self.scratch),
+            "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
+            "JUPYTER_DATA_DIR": str(home / ".local" / "share" / "jupyter"),
+            "JUPYTER_RUNTIME_DIR": str(self.runtime),
+            "JUPYTERLAB_SETTINGS_DIR": str(self.settings),
+            "JUPYTERLAB_WORKSPACES_DIR": str(self.workspaces),
+            "IPYTHONDIR": str(home / ".ipython"),
+            "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+
+    def markers(self) -> list[str]:
+        """Names only this test's files carry: workspace, server pid, kernel ids."""
+        pid = self.server.pid if self.server else -1
+        return [self.workspace, f"jpserver-{pid}.", f"jpserver-{pid}-", *self.kernel_ids]
+
+    def stop(self) -> None:
+        """Stop the server and its kernels; a second call does nothing."""
+        if self.server is None or self.server.returncode is not None:
+            return
+        os.killpg(self.server.pid, signal.SIGTERM)
+        try:
+            self.server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
 
 
 def ensure_chromium() -> str | None:
@@ -57,133 +147,199 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A JupyterLab server over a copy of the lectures; yields its base URL."""
+def snapshot(home: Path) -> dict[str, int]:
+    """Modification time of every file and folder under the home's Jupyter/browser dirs."""
+    found: dict[str, int] = {}
+    for name in HOME_DIRS:
+        top = home / name
+        for path in [top, *top.rglob("*")] if top.exists() else []:
+            try:
+                found[str(path)] = path.lstat().st_mtime_ns
+            except FileNotFoundError:  # removed while we looked (another process's kernel)
+                continue
+    return found
+
+
+def start_server(lab: Lab) -> None:
+    """Start JupyterLab over a copy of the lectures; wait until its runtime file says ready."""
+    root = lab.tmp / "root"
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    settings = lab.settings / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)  # no "news" toast over the screenshots
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    with (lab.tmp / "server.log").open("w") as log:
+        lab.server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={free_port()}",
+             "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}",
+             f"--LabApp.workspaces_dir={lab.workspaces}",
+             f"--LabApp.user_settings_dir={lab.settings}",
+             "--LabApp.expose_app_in_browser=True", "--allow-root",
+             "--ServerApp.disable_check_xsrf=True"],
+            stdout=subprocess.DEVNULL, stderr=log,
+            start_new_session=True, env=dict(os.environ),  # the fixture has sealed os.environ
+        )
+    info = lab.runtime / f"jpserver-{lab.server.pid}.json"
+    deadline = time.monotonic() + START_S
+    while not lab.url:
+        if lab.server.poll() is not None or time.monotonic() > deadline:
+            tail = (lab.tmp / "server.log").read_text()[-2000:]
+            pytest.fail(f"JupyterLab did not start within {START_S} s:\n{tail}")
+        if info.exists():
+            try:  # the port it really bound, and proof it used the tmp runtime dir
+                base = json.loads(info.read_text())["url"].rstrip("/")
+                with urllib.request.urlopen(f"{base}/api/status?token={TOKEN}", timeout=5):
+                    lab.url = base
+            except (OSError, ValueError, KeyError):
+                pass
+        time.sleep(0.3)
+
+
+@pytest.fixture
+def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """A JupyterLab of this test's own, with HOME and every Jupyter dir inside tmp_path."""
     reason = ensure_chromium()
     if reason:
         pytest.skip(reason)
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    root = tmp_path_factory.mktemp("lab")
-    shutil.copytree(ROOT / "notebooks", root / "notebooks")
-    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)  # no "news" toast over the screenshots
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ip=127.0.0.1", f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}",
-         "--LabApp.expose_app_in_browser=True", "--allow-root",
-         "--ServerApp.disable_check_xsrf=True"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env=dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(root / "settings")),
-    )
-    base = f"http://127.0.0.1:{port}"
+    sealed = Lab(tmp=tmp_path, scratch=Path(tempfile.mkdtemp(prefix="lab-")),
+                 real_home=Path.home())
+    sealed.real_before = snapshot(sealed.real_home)
+    for name, value in sealed.env().items():
+        monkeypatch.setenv(name, value)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/lab?token={TOKEN}", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterLab did not start within 60 s")
-                time.sleep(0.5)
-        yield base
+        start_server(sealed)
+        yield sealed
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        sealed.stop()
+        shutil.rmtree(sealed.scratch)
+        if sealed.shots.exists():
+            shutil.copytree(sealed.shots, ARTIFACTS, dirs_exist_ok=True)
 
 
-@pytest.fixture(scope="module")
-def browser(lab: str) -> Iterator[object]:
+def on_doc(body: str) -> str:
+    """A page function of `path` whose `body` sees `doc`: the main-area document at `path`."""
+    return ("path => { const app = window.jupyterapp; const doc = app && [...app.shell"
+            ".widgets('main')].find(w => w.context && w.context.path === path); " + body + " }")
+
+
+@contextmanager
+def notebook_page(lab: Lab, notebook: str) -> Iterator[tuple[object, str]]:
+    """Open `notebook` in a fresh workspace of a fresh Chromium profile and run every cell.
+
+    Waits on that very document (current, kernel idle), not on whichever widget is current,
+    and yields the page with a CSS selector scoped to the notebook's node.
+    """
     from playwright.sync_api import sync_playwright
 
+    path = f"notebooks/{notebook}"
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        context = playwright.chromium.launch_persistent_context(
+            str(lab.tmp / "chromium-profile"), executable_path=str(CHROMIUM),
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
+        )
         try:
-            yield chromium
+            page = context.new_page()
+            page.goto(f"{lab.url}/lab/workspaces/{lab.workspace}/tree/{path}?reset&token={TOKEN}")
+            page.wait_for_function(on_doc(
+                "const k = doc && doc.sessionContext.session && doc.sessionContext.session.kernel;"
+                " return !!doc && doc === app.shell.currentWidget && doc.context.isReady"
+                " && !!k && k.status === 'idle';"), arg=path, timeout=START_S * 1000)
+            assert_sealed_config(page, lab)
+            widget_id, kernel_id = page.evaluate(
+                on_doc("return [doc.id, doc.sessionContext.session.kernel.id];"), path)
+            lab.kernel_ids.append(kernel_id)
+            run_all(page, path)
+            yield page, f'[id="{widget_id}"]'
         finally:
-            chromium.close()
+            context.close()
 
 
-def open_and_run_all(browser, lab: str, notebook: str):
-    """Open a notebook in JupyterLab, run every cell, and return the page."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{lab}/lab/tree/notebooks/{notebook}?token={TOKEN}")
-    page.wait_for_selector(".jp-Notebook", timeout=60_000)
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session", timeout=60_000,
-    )
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    return page
+def run_all(page, path: str) -> None:
+    """Run every cell of the notebook at `path`; fail unless all of them succeed."""
+    page.evaluate(on_doc(
+        "window.courseRun = undefined; app.shell.activateById(doc.id);"
+        " app.commands.execute('notebook:run-all-cells')"
+        "   .then(ok => { window.courseRun = ok; }, err => { window.courseRun = String(err); });"
+    ), path)
+    page.wait_for_function("() => window.courseRun !== undefined", timeout=RUN_MS)
+    assert page.evaluate("() => window.courseRun") is True, "a cell failed when run in the browser"
+    page.wait_for_function(on_doc(
+        "const k = doc.sessionContext.session.kernel; return !!k && k.status === 'idle';"
+    ), arg=path, timeout=RUN_MS)
 
 
-def wait_for_idle(page) -> None:
-    """Wait until the kernel has run every queued cell."""
-    page.wait_for_function(
-        "() => { const w = window.jupyterapp.shell.currentWidget;"
-        " const k = w.sessionContext.session && w.sessionContext.session.kernel;"
-        " return k && k.status === 'idle'"
-        " && ![...document.querySelectorAll('.jp-InputArea-prompt')]"
-        "      .some(p => p.textContent.includes('*')); }",
-        timeout=120_000,
-    )
+def assert_sealed_config(page, lab: Lab) -> None:
+    """The server the page talks to keeps its settings and workspaces in the tmp home."""
+    config = page.evaluate(
+        "() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    for key in ("workspacesDir", "userSettingsDir"):
+        assert Path(config[key]).is_relative_to(lab.home), (key, config[key])
+    assert config["workspace"] == lab.workspace
 
 
-def test_block_pool_widget_follows_its_timeline_slider(browser, lab: str) -> None:
-    page = open_and_run_all(browser, lab, "03_block_tables.ipynb")
-    try:
-        view = page.locator("#pool-view")
-        view.wait_for(timeout=120_000)
-        wait_for_idle(page)
+def assert_real_home_untouched(lab: Lab) -> None:
+    """This test's files are in the tmp home, and none of them appeared under the real home.
+
+    Other processes on a shared machine (nbval kernels) may write the real runtime and
+    IPython dirs meanwhile, so the real home is checked for this test's own names, and for
+    any change at all in the dirs only JupyterLab and Chromium use.
+    """
+    lab.stop()
+    assert list(lab.workspaces.glob(f"{lab.workspace}*.jupyterlab-workspace"))
+    assert (lab.home / ".ipython" / "profile_default").is_dir()  # the kernel's IPYTHONDIR
+    assert (lab.tmp / "chromium-profile" / "Default").is_dir()
+    after = snapshot(lab.real_home)
+    changed = {p for p, mtime in after.items() if lab.real_before.get(p) != mtime}
+    changed |= set(lab.real_before) - set(after)
+    private = [str(lab.real_home / name) for name in (".jupyter/lab", ".config/chromium",
+                                                       ".cache/chromium", ".pki")]
+    ours = sorted(p for p in changed
+                  if any(m in p for m in lab.markers()) or p.startswith(tuple(private)))
+    assert not ours, f"written under the real home: {ours}"
+
+
+def test_block_pool_widget_follows_its_timeline_slider(lab: Lab) -> None:
+    with notebook_page(lab, "03_block_tables.ipynb") as (page, doc):
+        view = page.locator(f"{doc} #pool-view")
+        view.wait_for(timeout=UPDATE_MS)
         view.scroll_into_view_if_needed()
-        before = (view.get_attribute("data-step"), page.locator("#pool-view").inner_html())
-        page.screenshot(path=str(ARTIFACTS / "pool-before-page.png"))
-        view.screenshot(path=str(ARTIFACTS / "pool-before.png"))
-        handle = page.locator(".pool-slider .noUi-handle, .pool-slider .ui-slider-handle").first
+        before = (view.get_attribute("data-step"), view.inner_html())
+        page.screenshot(path=str(lab.shots / "pool-before-page.png"))
+        view.screenshot(path=str(lab.shots / "pool-before.png"))
+        handle = page.locator(
+            f"{doc} .pool-slider .noUi-handle, {doc} .pool-slider .ui-slider-handle").first
         handle.focus()
         page.keyboard.press("Home")
         page.wait_for_function(
-            "s => document.querySelector('#pool-view').getAttribute('data-step') !== s",
-            arg=before[0], timeout=60_000,
+            "([doc, s]) => document.querySelector(doc + ' #pool-view')"
+            ".getAttribute('data-step') !== s",
+            arg=[doc, before[0]], timeout=UPDATE_MS,
         )
-        after = (view.get_attribute("data-step"), page.locator("#pool-view").inner_html())
-        view.screenshot(path=str(ARTIFACTS / "pool-after.png"))
-        assert after[0] != before[0]
-        assert after[1] != before[1]  # the drawn pool changed, not only the step label
-        blocks_before = before[1].count('class="block')
-        blocks_after = after[1].count('class="block')
-        assert blocks_before and blocks_after
-    finally:
-        page.close()
+        after = (view.get_attribute("data-step"), view.inner_html())
+        view.screenshot(path=str(lab.shots / "pool-after.png"))
+    assert after[0] != before[0]
+    assert after[1] != before[1]  # the drawn pool changed, not only the step label
+    assert before[1].count('class="block') and after[1].count('class="block')
+    assert_real_home_untouched(lab)
 
 
-def test_capacity_calculator_slider_changes_the_numbers(browser, lab: str) -> None:
-    page = open_and_run_all(browser, lab, "01_kv_cache_arithmetic.ipynb")
-    try:
-        numbers = page.locator("#capacity-numbers").last
-        numbers.wait_for(timeout=120_000)
-        wait_for_idle(page)
+def test_capacity_calculator_slider_changes_the_numbers(lab: Lab) -> None:
+    with notebook_page(lab, "01_kv_cache_arithmetic.ipynb") as (page, doc):
+        numbers = page.locator(f"{doc} #capacity-numbers").last
+        numbers.wait_for(timeout=UPDATE_MS)
         numbers.scroll_into_view_if_needed()
         before = numbers.get_attribute("data-blocks")
-        page.screenshot(path=str(ARTIFACTS / "capacity-before.png"))
-        handle = page.locator(".capacity-budget .noUi-handle, .capacity-budget .ui-slider-handle")
+        page.screenshot(path=str(lab.shots / "capacity-before.png"))
+        handle = page.locator(
+            f"{doc} .capacity-budget .noUi-handle, {doc} .capacity-budget .ui-slider-handle")
         handle.first.focus()
         page.keyboard.press("ArrowRight")
         page.wait_for_function(
-            "b => { const all = document.querySelectorAll('#capacity-numbers');"
+            "([doc, b]) => { const all = document.querySelectorAll(doc + ' #capacity-numbers');"
             " return all[all.length - 1].getAttribute('data-blocks') !== b; }",
-            arg=before, timeout=60_000,
+            arg=[doc, before], timeout=UPDATE_MS,
         )
-        page.screenshot(path=str(ARTIFACTS / "capacity-after.png"))
-        assert int(numbers.get_attribute("data-blocks")) > int(before)
-    finally:
-        page.close()
+        page.screenshot(path=str(lab.shots / "capacity-after.png"))
+        after = numbers.get_attribute("data-blocks")
+    assert int(after) > int(before)
+    assert_real_home_untouched(lab)
