@@ -34,13 +34,14 @@ def test_kv_size_table_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(
     ("args", "needle"),
-    [(["--layers", "0"], "layers"), (["--kv-heads", "-2"], "kv_heads"),
-     (["--dtype", "fp7"], "fp7"), (["--budget-gib", "0"], "budget"),
-     (["--block-size", "0"], "block_size"), (["--max-len", "-1"], "max_len")],
+    [(["--layers", "0"], "--layers"), (["--kv-heads", "-2"], "--kv-heads"),
+     (["--dtype", "fp7"], "fp7"), (["--budget-gib", "0"], "--budget-gib"),
+     (["--block-size", "0"], "--block-size"), (["--max-len", "-1"], "--max-len")],
 )
-def test_kv_size_bad_values_exit_nonzero_with_one_line(args: list[str], needle: str) -> None:
+def test_kv_size_bad_values_exit_2_with_one_line_naming_the_flag(args: list[str],
+                                                                 needle: str) -> None:
     done = run_cli("kv-size", *args)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in done.stderr

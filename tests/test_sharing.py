@@ -139,4 +139,4 @@ def test_commands_reject_bad_values_with_one_line(
 ) -> None:
     assert main([command, "--block-size", "0"]) == 2
     err = capsys.readouterr().err
-    assert err == "error: block_size must be an integer >= 1, got 0\n"
+    assert err == "error: argument --block-size: must be an integer from 1 to 65,536, got '0'\n"

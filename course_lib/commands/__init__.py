@@ -3,6 +3,9 @@
 A command module defines ``register(subparsers)``, which adds its parser and sets
 ``run=<function(args) -> int>`` as the parser default. Adding a command means adding a
 module here and its name to ``COMMAND_MODULES``.
+
+Every flag is checked while parsing: its ``type`` (:func:`integer`, :func:`number`) refuses
+values out of range, naming the flag, so a command's ``run`` only sees values it can use.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
+
+from course_lib.validate import describe
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kv_size",
@@ -22,11 +29,77 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class UsageError(ValueError):
+    """A command line the parser refused; ``python -m course_lib`` prints it on one line."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of printing usage and
+    exiting, so every refusal (parser or command) ends the same way: one line, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
 def register_all(subparsers: argparse._SubParsersAction) -> None:
     """Import every command module and let it add its parser."""
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"course_lib.commands.{name}")
         module.register(subparsers)
+
+
+def integer(minimum: int, maximum: int) -> Callable[[str], int]:
+    """A ``type=`` for an integer flag in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {minimum:,} to {maximum:,}, got {describe(text)}")
+        return value
+
+    return parse
+
+
+def number(minimum: float, maximum: float, *, above: bool = False) -> Callable[[str], float]:
+    """A ``type=`` for a finite number flag in ``[minimum, maximum]``, or in
+    ``(minimum, maximum]`` with ``above``."""
+    low = f"above {_show(minimum)}" if above else f"from {_show(minimum)}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > minimum if above else value >= minimum)
+                and value <= maximum):
+            raise argparse.ArgumentTypeError(
+                f"must be a number {low} to {_show(maximum)}, got {describe(text)}")
+        return value
+
+    return parse
+
+
+def _show(bound: float) -> str:
+    """A range bound as people write it: 1,048,576 rather than 1.04858e+06."""
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+
+
+def refuse_together(flag: str, other: str, why: str) -> NoReturn:
+    """Refuse two flags that contradict each other, naming both."""
+    raise UsageError(f"{flag} cannot be combined with {other}: {why}")
+
+
+def in_flag_terms(error: ValueError, names: Iterable[str]) -> UsageError:
+    """A library error about parameters that are also this command's flags, reworded with
+    the flags the user typed (``samples`` -> ``--samples``)."""
+    text = str(error)
+    for name in names:
+        text = re.sub(rf"(?<![\w-]){name}(?![\w-])", "--" + name.replace("_", "-"), text)
+    return UsageError(text)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +112,10 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 def emit(
     result: Mapping[str, Any], as_json: bool, render: Callable[[Mapping[str, Any]], str]
 ) -> int:
-    """Print ``result`` as JSON or through ``render``; return exit status 0."""
+    """Print ``result`` as strict JSON (never NaN or Infinity) or through ``render``;
+    return exit status 0."""
     if as_json:
-        print(json.dumps(dict(result), indent=None, sort_keys=False))
+        print(json.dumps(dict(result), allow_nan=False))
     else:
         print(render(result))
     return 0
