@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.attention import KERNEL_MODE
+from course_lib.commands import integer
 from course_lib.engine.contiguous import generate
 from course_lib.engine.engine import PagedEngine
 from course_lib.engine.loading import load_pretrained
@@ -57,6 +58,9 @@ class BenchSetup:
     batches: tuple[int, ...]
     seed: int = 0
 
+
+MAX_THREADS = 1024
+"""Most torch CPU threads ``--threads`` accepts."""
 
 SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
                    batches=(4,))
@@ -163,19 +167,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="local Llama checkpoint folder or hub id (default: random model)")
     parser.add_argument("--decode-attention", choices=("triton", "torch"), default=None,
                         help="default: triton on a CUDA GPU, torch on a CPU")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=integer(1, MAX_THREADS), default=None,
                         help="torch CPU threads (1 gives steadier timings on a busy machine)")
     args = parser.parse_args(argv)
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     cuda = KERNEL_MODE == "cuda"
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
     decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
     setup = SMOKE if args.smoke else GPU if cuda else CPU
     if args.model:
-        model, _ = load_pretrained(args.model, dtype=dtype, device=device)
+        try:
+            model, _ = load_pretrained(args.model, dtype=dtype, device=device)
+        except (OSError, ValueError) as error:
+            parser.error(f"--model {args.model!r} cannot be loaded: "
+                         f"{' '.join(str(error).split())}")
         name = args.model
     else:
         config = tiny_config() if args.smoke else SMALL_CONFIG
