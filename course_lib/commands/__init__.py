@@ -40,6 +40,13 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python 3.11's argparse drops a lone "--" given as a flag's value (--seed=--) and
+        # hands the command [] unconverted; refuse it as a missing value instead.
+        if arg_strings == ["--"] and action.option_strings and action.nargs is None:
+            raise argparse.ArgumentError(action, "expected one value, got '--'")
+        return super()._get_values(action, arg_strings)
+
 
 def register_all(subparsers: argparse._SubParsersAction) -> None:
     """Import every command module and let it add its parser."""
