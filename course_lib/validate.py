@@ -20,6 +20,11 @@ def describe(value: object) -> str:
     return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
 
 
+def bound_text(bound: float) -> str:
+    """A limit as people write it: 1,048,576 rather than 1.04858e+06."""
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+
+
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
     """Return ``value`` if it is an int (bools excluded) in ``[minimum, maximum]``, else raise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -59,7 +64,8 @@ def check_non_negative_number(name: str, value: object, maximum: float | None = 
 
 def _check_maximum(name: str, number: float, value: object, maximum: float | None) -> float:
     if maximum is not None and number > maximum:
-        raise ValueError(f"{name} must be at most {maximum:g}, got {describe(value)}")
+        raise ValueError(f"{name} must be at most {bound_text(maximum)}, "
+                         f"got {describe(value)}")
     return number
 
 

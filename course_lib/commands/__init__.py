@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
-from course_lib.validate import describe
+from course_lib.validate import bound_text, describe
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kv_size",
@@ -74,7 +74,7 @@ def integer(minimum: int, maximum: int) -> Callable[[str], int]:
 def number(minimum: float, maximum: float, *, above: bool = False) -> Callable[[str], float]:
     """A ``type=`` for a finite number flag in ``[minimum, maximum]``, or in
     ``(minimum, maximum]`` with ``above``."""
-    low = f"above {_show(minimum)}" if above else f"from {_show(minimum)}"
+    low = f"above {bound_text(minimum)}" if above else f"from {bound_text(minimum)}"
 
     def parse(text: str) -> float:
         try:
@@ -84,15 +84,10 @@ def number(minimum: float, maximum: float, *, above: bool = False) -> Callable[[
         if not (math.isfinite(value) and (value > minimum if above else value >= minimum)
                 and value <= maximum):
             raise argparse.ArgumentTypeError(
-                f"must be a number {low} to {_show(maximum)}, got {describe(text)}")
+                f"must be a number {low} to {bound_text(maximum)}, got {describe(text)}")
         return value
 
     return parse
-
-
-def _show(bound: float) -> str:
-    """A range bound as people write it: 1,048,576 rather than 1.04858e+06."""
-    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
 
 
 def refuse_together(flag: str, other: str, why: str) -> NoReturn:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -158,6 +159,17 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def _unloadable(model: str) -> str | None:
+    """Why ``--model`` cannot name a checkpoint, found without loading anything: a path that
+    does not exist (a hub id is ``name`` or ``org/name``) or a folder without config.json."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None if (path / "config.json").is_file() else "has no config.json"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model:
+        return "does not exist"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the sweeps, print the table."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.engine.bench",
@@ -177,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
     setup = SMOKE if args.smoke else GPU if cuda else CPU
     if args.model:
+        reason = _unloadable(args.model)
+        if reason:
+            parser.error(f"--model {args.model!r} {reason}")
         try:
             model, _ = load_pretrained(args.model, dtype=dtype, device=device)
         except (OSError, ValueError) as error:
