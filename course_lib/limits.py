@@ -23,16 +23,18 @@ any real model's, so bytes per token stays an exact float."""
 MAX_LEN = 2**24
 """Longest request in tokens (16,777,216), above every published context window."""
 
-MAX_TRACE_TOKENS = 2**23
-"""Most prompt plus reply tokens in one trace (8,388,608, 2.7x the support-chat preset):
-a run decodes at most this many steps, about 30 s even one request at a time."""
+MAX_TRACE_TOKENS = 2**22
+"""Most prompt plus reply tokens in one trace (4,194,304; the support-chat preset has 3.1
+million): a run decodes at most one step per reply token, so even the worst case (all
+reply, ``--max-num-seqs 1``) ends in about 15 s."""
 
 MAX_ARRIVAL_STEP = 10**6
 """Latest arrival step in a trace: the simulator spends a list entry on every idle step
 before an arrival, so a million is about 40 MB."""
 
-MAX_TRACE_REQUESTS = 10**6
-"""Most requests one generator call draws (3,000 in the preset)."""
+MAX_TRACE_REQUESTS = 10**5
+"""Most requests in one trace, generated or read (33x the preset's 3,000): a simulation
+spends about 30 us on each, so about 3 s at the limit."""
 
 MAX_DEMO_STEPS = 2**20
 """Most tokens a sharing demo or measurement appends or hashes, over all its sequences
@@ -43,7 +45,7 @@ MAX_DEMO_SEQUENCES = 2**14
 50): each costs about 60 us of bookkeeping beyond its tokens."""
 
 MAX_TRACE_FILE_BYTES = 2**26
-"""Largest trace file read (64 MiB, about a million requests)."""
+"""Largest trace file read (64 MiB): room for the largest trace with its token ids."""
 
 MAX_INT = 2**63 - 1
 """Largest seed, priority level count or scheduler limit: what numpy's int64 holds."""

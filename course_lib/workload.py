@@ -102,10 +102,13 @@ def validate_trace(requests: Iterable[Request]) -> list[Request]:
 
 
 def check_trace_size(requests: Sequence[Request]) -> None:
-    """Refuse a trace too large to replay in seconds: arrivals after
+    """Refuse a trace too large to replay in seconds: more than
+    :data:`~course_lib.limits.MAX_TRACE_REQUESTS` requests, arrivals after
     :data:`~course_lib.limits.MAX_ARRIVAL_STEP` (the simulator spends memory on every idle
     step) or more than :data:`~course_lib.limits.MAX_TRACE_TOKENS` tokens in all (a run
     can take one step per token)."""
+    check_at_most("the requests in the trace", len(requests), MAX_TRACE_REQUESTS,
+                  "use fewer requests")
     check_at_most("the latest arrival step", max((r.arrival for r in requests), default=0),
                   MAX_ARRIVAL_STEP, "move the arrivals earlier")
     check_at_most("the trace's prompt and reply tokens", sum(r.total_len for r in requests),

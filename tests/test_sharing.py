@@ -150,7 +150,7 @@ def test_commands_reject_bad_values_with_one_line(
       "mean_prompt must be a positive number, got inf"),
      (lambda: sampling_trace(3, n=2, mean_prompt=5, mean_output=1e300),
       "mean_output must be at most 1,048,576, got 1e+300"),
-     (lambda: sampling_trace(10**6, n=16, mean_prompt=5, mean_output=5), "num_requests x n"),
+     (lambda: sampling_trace(10**5, n=16, mean_prompt=5, mean_output=5), "num_requests x n"),
      (lambda: beam_trace(3, mean_prompt=math.nan, mean_output=5), "mean_prompt"),
      (lambda: SamplingRequest(5, ()), "output_lens must be a non-empty tuple"),
      (lambda: measure_parallel_sampling([(5, (1,))]),  # type: ignore[list-item]

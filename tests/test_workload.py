@@ -200,7 +200,7 @@ def test_bad_trace_files_are_rejected(tmp_path: Path) -> None:
      ({"median_total": "886"}, "median_total must be a positive number, got '886'"),
      ({"median_total": math.nan}, "median_total must be a positive number, got nan"),
      ({"max_total": 10**400}, "max_total must be an integer <= 16,777,216, got an integer of"),
-     ({"n": 10**7}, "n must be an integer <= 1,000,000"),
+     ({"n": 10**7}, "n must be an integer <= 100,000"),
      ({"reply_share": "ab"}, "reply_share must be two positive Beta parameters, got 'ab'"),
      ({"reply_share": 5}, "reply_share must be two positive Beta parameters, got 5"),
      ({"arrival_rate": 1e-300}, "spreads 10 arrivals past step 1,000,000"),
