@@ -230,7 +230,10 @@ def vllm_kv_log_lines(
     fit at once. The log prints the budget rounded to 0.01 GiB, so a prediction from the
     printed number can differ from the real log by a block or so.
     """
-    cap = capacity(shape.bytes_per_token(dtype), available_gib * GIB, block_size, max_len)
+    if not isinstance(shape, ModelShape):
+        raise ValueError(f"shape must be a ModelShape, got {describe(shape)}")
+    gib = check_positive_number("available_gib", available_gib)
+    cap = capacity(shape.bytes_per_token(dtype), gib * GIB, block_size, max_len)
     return [
         f"Available KV cache memory: {available_gib:.2f} GiB",
         f"GPU KV cache size: {cap.tokens:,} tokens",

@@ -160,3 +160,11 @@ def test_positive_number_check_accepts_exactly_finite_positive_numbers(value: ob
         assert check_positive_number("x", value) == float(value) and finite_positive
     except ValueError:
         assert not finite_positive
+
+
+def test_vllm_log_lines_refuse_a_budget_that_is_not_a_number() -> None:
+    """``"14" * GIB`` would be a 14 GiB string, not 14 GiB."""
+    with pytest.raises(ValueError, match="available_gib must be a positive number, got '14'"):
+        kv_math.vllm_kv_log_lines("14", MODELS["opt-13b"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shape must be a ModelShape, got 'opt-13b'"):
+        kv_math.vllm_kv_log_lines(14.0, "opt-13b")  # type: ignore[arg-type]
