@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
-from course_lib.commands import register_all
+from course_lib.commands import CommandParser, register_all
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """The top-level parser with one sub-command per chapter tool."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m course_lib",
         description="PagedAttention course: reproduce the chapters' numbers from the command line.",
     )
@@ -21,14 +20,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; bad values end in a one-line message and exit status 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command. Any refused value, from the parser or the command, ends in exactly
+    one line on stderr and exit status 2; ``--help`` exits 0 as usual."""
     try:
+        args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _refuse(str(error))
+    except MemoryError:
+        return _refuse("out of memory: lower the sizes you asked for")
+
+
+def _refuse(message: str) -> int:
+    """Print ``message`` as one line (line breaks inside it become spaces); return 2."""
+    print(f"error: {' '.join(message.splitlines())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course_lib.validate import check_int, check_positive_number
+from course_lib.validate import check_int, check_positive_number, describe
 
 GIB = 2**30
 """One gibibyte, 1,073,741,824 bytes (the source guide's unit, and vLLM's log unit)."""
@@ -34,7 +34,7 @@ def dtype_bytes(dtype: str) -> int:
         return DTYPE_BYTES[dtype]
     except (KeyError, TypeError):
         known = ", ".join(DTYPE_BYTES)
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {known}") from None
+        raise ValueError(f"unknown dtype {describe(dtype)}; expected one of {known}") from None
 
 
 def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str = "fp16") -> int:
@@ -119,7 +119,8 @@ def model_shape(name: str) -> ModelShape:
     try:
         return MODELS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}") from None
+        raise ValueError(f"unknown model {describe(name)}; "
+                         f"expected one of {', '.join(MODELS)}") from None
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -229,7 +230,10 @@ def vllm_kv_log_lines(
     fit at once. The log prints the budget rounded to 0.01 GiB, so a prediction from the
     printed number can differ from the real log by a block or so.
     """
-    cap = capacity(shape.bytes_per_token(dtype), available_gib * GIB, block_size, max_len)
+    if not isinstance(shape, ModelShape):
+        raise ValueError(f"shape must be a ModelShape, got {describe(shape)}")
+    gib = check_positive_number("available_gib", available_gib)
+    cap = capacity(shape.bytes_per_token(dtype), gib * GIB, block_size, max_len)
     return [
         f"Available KV cache memory: {available_gib:.2f} GiB",
         f"GPU KV cache size: {cap.tokens:,} tokens",

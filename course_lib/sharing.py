@@ -21,9 +21,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from course_lib.kv_math import blocks_needed
+from course_lib.limits import (
+    MAX_DEMO_SEQUENCES,
+    MAX_DEMO_STEPS,
+    MAX_LEN,
+    MAX_POOL_BLOCKS,
+    MAX_SHAPE,
+    MAX_TRACE_REQUESTS,
+)
 from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager
-from course_lib.validate import check_int
+from course_lib.validate import check_at_most, check_int, check_positive_number, describe
 
 
 def _saving(with_sharing: int, without_sharing: int) -> float:
@@ -71,10 +79,16 @@ def cow_demo(
     shared, partly filled last prompt block get copies and the last one keeps the original.
     Ids start at 1 (block 0 is the null block); the source counts from 0, hence ``_from_0``.
     """
-    check_int("prompt_tokens", prompt_tokens, 1)
-    check_int("samples", samples, 1)
-    check_int("new_tokens", new_tokens, 0)
+    check_int("prompt_tokens", prompt_tokens, 1, MAX_LEN)
+    check_int("samples", samples, 1, MAX_DEMO_SEQUENCES)
+    check_int("new_tokens", new_tokens, 0, MAX_LEN)
+    check_int("block_size", block_size, 1, MAX_SHAPE)
     per_sample = blocks_needed(prompt_tokens + new_tokens, block_size)
+    check_at_most("the blocks cow_demo needs, 1 + samples x ceil((prompt_tokens + "
+                  "new_tokens) / block_size),", 1 + samples * per_sample, MAX_POOL_BLOCKS,
+                  "lower samples, prompt_tokens or new_tokens, or raise block_size")
+    check_at_most("the tokens cow_demo appends, samples x new_tokens,", samples * new_tokens,
+                  MAX_DEMO_STEPS, "lower samples or new_tokens")
     manager = PagedKVManager(BlockPool(1 + samples * per_sample, block_size))
     manager.add_sequence("prompt", prompt_tokens)
     last_prompt_index = (prompt_tokens - 1) // block_size
@@ -137,9 +151,15 @@ def system_prompt_sharing(
     hash and writes only its partly filled tail block. The token ids are a fixed
     pseudo-random prompt; which ids they are does not change any count.
     """
-    check_int("prompt_tokens", prompt_tokens, 1)
-    check_int("requests", requests, 1)
+    check_int("prompt_tokens", prompt_tokens, 1, MAX_LEN)
+    check_int("requests", requests, 1, MAX_DEMO_SEQUENCES)
+    check_int("block_size", block_size, 1, MAX_SHAPE)
     per_request = blocks_needed(prompt_tokens, block_size)
+    check_at_most("the blocks system_prompt_sharing needs, 1 + requests x "
+                  "ceil(prompt_tokens / block_size),", 1 + requests * per_request,
+                  MAX_POOL_BLOCKS, "lower requests or prompt_tokens, or raise block_size")
+    check_at_most("the prompt tokens system_prompt_sharing hashes, requests x prompt_tokens,",
+                  requests * prompt_tokens, MAX_DEMO_STEPS, "lower requests or prompt_tokens")
     manager = PrefixCachingKVManager(PrefixCachingBlockPool(1 + requests * per_request, block_size))
     rng = random.Random(0)
     prompt = [rng.randrange(32_000) for _ in range(prompt_tokens)]
@@ -183,6 +203,15 @@ class SamplingRequest:
     prompt_len: int
     output_lens: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        check_int("prompt_len", self.prompt_len, 1, MAX_LEN)
+        if not isinstance(self.output_lens, tuple) or not self.output_lens:
+            raise ValueError(f"output_lens must be a non-empty tuple of lengths, "
+                             f"got {describe(self.output_lens)}")
+        check_int("samples (len(output_lens))", len(self.output_lens), 1, MAX_DEMO_SEQUENCES)
+        for length in self.output_lens:
+            check_int("output length", length, 1, MAX_LEN)
+
 
 @dataclass(frozen=True)
 class BeamRequest:
@@ -191,25 +220,43 @@ class BeamRequest:
     prompt_len: int
     output_len: int
 
+    def __post_init__(self) -> None:
+        check_int("prompt_len", self.prompt_len, 1, MAX_LEN)
+        check_int("output_len", self.output_len, 1, MAX_LEN)
+
 
 def _length(rng: random.Random, mean: float) -> int:
-    """An exponentially distributed length of the given mean, at least 1."""
-    return max(1, round(rng.expovariate(1 / mean)))
+    """An exponentially distributed length of the given mean, in ``[1, MAX_LEN]``."""
+    return min(MAX_LEN, max(1, round(rng.expovariate(1 / mean))))
 
 
 def _check_means(mean_prompt: float, mean_output: float) -> None:
-    """Raise unless both mean lengths are positive numbers."""
+    """Raise unless both mean lengths are finite positive numbers, at most
+    :data:`~course_lib.limits.MAX_LEN` / 16 (so the longest draws stay requests)."""
     for name, mean in (("mean_prompt", mean_prompt), ("mean_output", mean_output)):
-        if isinstance(mean, bool) or not isinstance(mean, int | float) or not mean > 0:
-            raise ValueError(f"{name} must be a positive number, got {mean!r}")
+        check_positive_number(name, mean, MAX_LEN / 16)
+
+
+def _check_trace(trace: object, kind: type) -> list:
+    """``trace`` as a list of ``kind`` records, or raise naming the first stranger."""
+    if not isinstance(trace, list | tuple):
+        raise ValueError(f"trace must be a list of {kind.__name__}, got {describe(trace)}")
+    check_at_most("the requests in the trace", len(trace), MAX_TRACE_REQUESTS,
+                  "use fewer requests")
+    for item in trace:
+        if not isinstance(item, kind):
+            raise ValueError(f"trace must hold {kind.__name__} records, got {describe(item)}")
+    return list(trace)
 
 
 def sampling_trace(
     num_requests: int, n: int, mean_prompt: float, mean_output: float, seed: int = 0
 ) -> list[SamplingRequest]:
     """Seeded synthetic requests, each sampled ``n`` times; lengths are exponential."""
-    check_int("num_requests", num_requests, 1)
-    check_int("n", n, 1)
+    check_int("num_requests", num_requests, 1, MAX_TRACE_REQUESTS)
+    check_int("n", n, 1, MAX_DEMO_SEQUENCES)
+    check_at_most("the samples to draw, num_requests x n,", num_requests * n, MAX_DEMO_STEPS,
+                  "lower num_requests or n")
     _check_means(mean_prompt, mean_output)
     rng = random.Random(seed)
     return [
@@ -224,7 +271,7 @@ def beam_trace(
     num_requests: int, mean_prompt: float, mean_output: float, seed: int = 0
 ) -> list[BeamRequest]:
     """Seeded synthetic beam-search requests; lengths are exponential."""
-    check_int("num_requests", num_requests, 1)
+    check_int("num_requests", num_requests, 1, MAX_TRACE_REQUESTS)
     _check_means(mean_prompt, mean_output)
     rng = random.Random(seed)
     return [
@@ -239,6 +286,13 @@ def measure_parallel_sampling(trace: list[SamplingRequest], block_size: int = 16
     Per request: prefill the prompt, fork one sequence per sample, free the prompt, then
     every live sample appends a token per step; a sample is freed once it has its length.
     """
+    trace = _check_trace(trace, SamplingRequest)
+    check_int("block_size", block_size, 1, MAX_SHAPE)
+    check_at_most("the tokens the samples append", sum(sum(r.output_lens) for r in trace),
+                  MAX_DEMO_STEPS, "use fewer or shorter samples")
+    check_at_most("the blocks the largest request's pool needs", max(
+        (1 + len(r.output_lens) * blocks_needed(r.prompt_len + max(r.output_lens), block_size)
+         for r in trace), default=0), MAX_POOL_BLOCKS, "use shorter requests or fewer samples")
     shared = unshared = 0
     for request in trace:
         longest = max(request.output_lens)
@@ -272,7 +326,15 @@ def measure_beam_search(
     the extra children, one never picked is freed; then every beam appends its token
     (copy-on-write where a partly filled last block is still shared).
     """
-    check_int("beam_width", beam_width, 1)
+    trace = _check_trace(trace, BeamRequest)
+    check_int("beam_width", beam_width, 1, MAX_DEMO_SEQUENCES)
+    check_int("block_size", block_size, 1, MAX_SHAPE)
+    check_at_most("the tokens the beams append, beam_width x output lengths",
+                  beam_width * sum(r.output_len for r in trace), MAX_DEMO_STEPS,
+                  "use a narrower beam or fewer or shorter requests")
+    check_at_most("the blocks the largest request's pool needs", max(
+        (1 + beam_width * blocks_needed(r.prompt_len + r.output_len, block_size)
+         for r in trace), default=0), MAX_POOL_BLOCKS, "use shorter requests or a narrower beam")
     rng = random.Random(seed)
     weights = [1 / (rank + 1) for rank in range(beam_width)]
     shared = unshared = 0

@@ -44,13 +44,19 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from course_lib.kv_math import GIB, MODELS
+from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks
 from course_lib.prefix_cache import BlockHash, PrefixCachingBlockPool, hash_block_tokens
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, tokens_to_recompute
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
-from course_lib.validate import check_int, check_non_negative_number, check_positive_number
-from course_lib.workload import Request, validate_trace
+from course_lib.validate import (
+    check_at_most,
+    check_int,
+    check_non_negative_number,
+    check_positive_number,
+)
+from course_lib.workload import Request, check_trace_size, validate_trace
 
 Allocator = Literal["reserve-max", "exact-size", "paged"]
 ALLOCATORS: tuple[Allocator, ...] = ("reserve-max", "exact-size", "paged")
@@ -163,6 +169,10 @@ class SimConfig:
         if self.allocator == "paged" and self.num_blocks < 2:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds {self.num_blocks} "
                              f"blocks of {self.block_size} tokens; the pool needs at least 2")
+        if self.allocator == "paged":
+            check_at_most("the pool's blocks (budget_bytes // (bytes_per_token x block_size))",
+                          self.num_blocks, MAX_POOL_BLOCKS,
+                          "lower budget_bytes or raise block_size")
         if self.allocator != "paged" and self.kv_tokens < 1:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds no token")
 
@@ -549,6 +559,7 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
     trace = validate_trace(requests)
     if not trace:
         raise ValueError("simulate needs at least one request")
+    check_trace_size(trace)
     return _Run(trace, config, record, progress).result()
 
 

@@ -17,12 +17,33 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.validate import check_int, check_positive_number
+from course_lib.limits import (
+    MAX_ARRIVAL_STEP,
+    MAX_INT,
+    MAX_LEN,
+    MAX_TRACE_FILE_BYTES,
+    MAX_TRACE_REQUESTS,
+    MAX_TRACE_TOKENS,
+)
+from course_lib.validate import (
+    check_at_most,
+    check_int,
+    check_non_negative_number,
+    check_positive_number,
+    describe,
+)
 
 TRACE_FORMAT = "course-lib-trace"
 """The ``format`` tag of a trace file; :func:`load_trace` also accepts a bare list of requests."""
 
 TRACE_VERSION = 1
+
+MAX_SIGMA = 10.0
+"""Widest log-normal spread :func:`generate_trace` accepts (the preset uses 0.55); beyond it
+almost every draw lands outside ``[2, max_total]``."""
+
+_MAX_REDRAWS = 100
+"""Rounds of redrawing out-of-range lengths before :func:`generate_trace` gives up."""
 
 _REQUEST_KEYS = ("id", "prompt_len", "output_len", "arrival", "priority", "token_ids")
 
@@ -50,7 +71,7 @@ class Request:
         check_int(f"request {self.id}: arrival", self.arrival, 0)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"request {self.id}: priority must be an integer, "
-                             f"got {self.priority!r}")
+                             f"got {describe(self.priority)}")
         if self.token_ids is not None:
             if not isinstance(self.token_ids, tuple):
                 raise ValueError(f"request {self.id}: token_ids must be a tuple, "
@@ -73,11 +94,25 @@ def validate_trace(requests: Iterable[Request]) -> list[Request]:
     seen: set[int] = set()
     for request in requests:
         if not isinstance(request, Request):
-            raise ValueError(f"a trace holds Request objects, got {request!r}")
+            raise ValueError(f"a trace holds Request objects, got {describe(request)}")
         if request.id in seen:
-            raise ValueError(f"duplicate request id {request.id}")
+            raise ValueError(f"duplicate request id {describe(request.id)}")
         seen.add(request.id)
     return requests
+
+
+def check_trace_size(requests: Sequence[Request]) -> None:
+    """Refuse a trace too large to replay in seconds: more than
+    :data:`~course_lib.limits.MAX_TRACE_REQUESTS` requests, arrivals after
+    :data:`~course_lib.limits.MAX_ARRIVAL_STEP` (the simulator spends memory on every idle
+    step) or more than :data:`~course_lib.limits.MAX_TRACE_TOKENS` tokens in all (a run
+    can take one step per token)."""
+    check_at_most("the requests in the trace", len(requests), MAX_TRACE_REQUESTS,
+                  "use fewer requests")
+    check_at_most("the latest arrival step", max((r.arrival for r in requests), default=0),
+                  MAX_ARRIVAL_STEP, "move the arrivals earlier")
+    check_at_most("the trace's prompt and reply tokens", sum(r.total_len for r in requests),
+                  MAX_TRACE_TOKENS, "use fewer or shorter requests")
 
 
 def generate_trace(
@@ -103,39 +138,24 @@ def generate_trace(
     ``0 .. priority_levels - 1``. With ``vocab_size`` the prompts get random token ids, the
     first ``shared_prefix`` of them the same for every request (a shared system prompt).
     """
-    check_int("n", n, 1)
-    check_int("seed", seed, 0)
-    check_int("max_total", max_total, 2)
-    check_int("priority_levels", priority_levels, 1)
-    check_int("shared_prefix", shared_prefix, 0)
-    if not (math.isfinite(median_total) and 2 <= median_total <= max_total):
-        raise ValueError(f"median_total must lie in [2, max_total], got {median_total!r}")
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma must be a non-negative number, got {sigma!r}")
-    if len(reply_share) != 2 or not all(math.isfinite(x) and x > 0 for x in reply_share):
-        raise ValueError(f"reply_share must be two positive Beta parameters, got {reply_share!r}")
-    if arrival_rate is not None:
-        check_positive_number("arrival_rate", arrival_rate)
-    if vocab_size is not None:
-        check_int("vocab_size", vocab_size, 1)
-    elif shared_prefix:
-        raise ValueError(f"shared_prefix={shared_prefix} needs token ids: pass vocab_size")
-
+    _check_generator(n, seed, median_total, sigma, max_total, reply_share, arrival_rate,
+                     priority_levels, vocab_size, shared_prefix)
     rng = np.random.default_rng(seed)
-    totals = np.empty(n, dtype=np.int64)
-    filled = 0
-    while filled < n:  # redraw the (rare) chats over the cap instead of clipping them
-        draw = np.rint(np.exp(rng.normal(math.log(median_total), sigma, n - filled)))
-        keep = draw[(draw >= 2) & (draw <= max_total)].astype(np.int64)
-        totals[filled:filled + keep.size] = keep
-        filled += keep.size
+    totals = _draw_totals(rng, n, float(median_total), float(sigma), max_total)
     shares = rng.beta(reply_share[0], reply_share[1], n)
     outputs = np.clip(np.rint(shares * totals), 1, totals - 1).astype(np.int64)
     prompts = totals - outputs
+    if vocab_size is not None:
+        check_at_most("the prompt tokens to draw ids for", int(prompts.sum()),
+                      MAX_TRACE_TOKENS, "lower n or median_total")
     if arrival_rate is None:
         arrivals = np.zeros(n, dtype=np.int64)
     else:
-        arrivals = np.floor(np.cumsum(rng.exponential(1.0 / arrival_rate, n))).astype(np.int64)
+        times = np.floor(np.cumsum(rng.exponential(1.0 / arrival_rate, n)))
+        if not times[-1] <= MAX_ARRIVAL_STEP:
+            raise ValueError(f"arrival_rate={describe(arrival_rate)} spreads {n:,} arrivals "
+                             f"past step {MAX_ARRIVAL_STEP:,}; raise arrival_rate")
+        arrivals = times.astype(np.int64)
     priorities = rng.integers(0, priority_levels, n)
     prefix = rng.integers(0, vocab_size, shared_prefix) if vocab_size is not None else None
 
@@ -150,6 +170,59 @@ def generate_trace(
             arrival=int(arrivals[i]), priority=int(priorities[i]), token_ids=token_ids,
         ))
     return requests
+
+
+def _check_generator(n: int, seed: int, median_total: float, sigma: float, max_total: int,
+                     reply_share: tuple[float, float], arrival_rate: float | None,
+                     priority_levels: int, vocab_size: int | None, shared_prefix: int) -> None:
+    """Refuse :func:`generate_trace` arguments it cannot honour, naming the value."""
+    check_int("n", n, 1, MAX_TRACE_REQUESTS)
+    check_int("seed", seed, 0)
+    check_int("max_total", max_total, 2, MAX_LEN)
+    check_int("priority_levels", priority_levels, 1, MAX_INT)
+    check_int("shared_prefix", shared_prefix, 0, max_total)
+    check_positive_number("median_total", median_total)
+    if not 2 <= median_total <= max_total:
+        raise ValueError(f"median_total must lie in [2, max_total={max_total}], "
+                         f"got {describe(median_total)}")
+    check_non_negative_number("sigma", sigma, MAX_SIGMA)
+    if (not isinstance(reply_share, tuple | list) or len(reply_share) != 2
+            or not all(_finite_positive(x) for x in reply_share)):
+        raise ValueError(f"reply_share must be two positive Beta parameters, "
+                         f"got {describe(reply_share)}")
+    if arrival_rate is not None:
+        check_positive_number("arrival_rate", arrival_rate)
+    if vocab_size is not None:
+        check_int("vocab_size", vocab_size, 1, MAX_INT)
+    elif shared_prefix:
+        raise ValueError(f"shared_prefix={shared_prefix} needs token ids: pass vocab_size")
+
+
+def _finite_positive(value: object) -> bool:
+    """Whether ``value`` is a finite number above zero."""
+    try:
+        check_positive_number("value", value)
+    except ValueError:
+        return False
+    return True
+
+
+def _draw_totals(rng: np.random.Generator, n: int, median_total: float, sigma: float,
+                 max_total: int) -> np.ndarray:
+    """``n`` log-normal totals in ``[2, max_total]``, redrawing those outside (rare with
+    sensible arguments); refuse after :data:`_MAX_REDRAWS` rounds rather than loop for ever."""
+    totals = np.empty(n, dtype=np.int64)
+    filled = 0
+    for _ in range(_MAX_REDRAWS):
+        draw = np.rint(np.exp(rng.normal(math.log(median_total), sigma, n - filled)))
+        keep = draw[(draw >= 2) & (draw <= max_total)].astype(np.int64)
+        totals[filled:filled + keep.size] = keep
+        filled += keep.size
+        if filled == n:
+            return totals
+    raise ValueError(f"after {_MAX_REDRAWS} rounds of redraws only {filled:,} of {n:,} lengths "
+                     f"fell in [2, max_total={max_total}] with median_total={median_total:g}, "
+                     f"sigma={sigma:g}; lower sigma or raise max_total")
 
 
 SUPPORT_CHAT_SEED = 1
@@ -193,7 +266,7 @@ def workload(name: str, **kwargs: Any) -> list[Request]:
     try:
         factory = WORKLOADS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown workload {name!r}; expected one of "
+        raise ValueError(f"unknown workload {describe(name)}; expected one of "
                          f"{', '.join(WORKLOADS)}") from None
     return factory(**kwargs)
 
@@ -247,17 +320,18 @@ def trace_to_json(requests: Sequence[Request]) -> dict[str, Any]:
 def _request_from_json(row: object, index: int) -> Request:
     """One request from its JSON object; unknown or missing keys raise naming the entry."""
     if not isinstance(row, Mapping):
-        raise ValueError(f"trace entry {index} must be an object, got {row!r}")
+        raise ValueError(f"trace entry {index} must be an object, got {describe(row)}")
     unknown = set(row) - set(_REQUEST_KEYS)
     if unknown:
-        raise ValueError(f"trace entry {index} has unknown keys {sorted(unknown)}")
+        raise ValueError(f"trace entry {index} has unknown keys {describe(sorted(unknown))}")
     missing = {"prompt_len", "output_len"} - set(row)
     if missing:
         raise ValueError(f"trace entry {index} lacks {sorted(missing)}")
     token_ids = row.get("token_ids")
     if token_ids is not None:
         if not isinstance(token_ids, list):
-            raise ValueError(f"trace entry {index}: token_ids must be a list, got {token_ids!r}")
+            raise ValueError(f"trace entry {index}: token_ids must be a list, "
+                             f"got {describe(token_ids)}")
         token_ids = tuple(token_ids)
     return Request(
         id=row.get("id", index), prompt_len=row["prompt_len"], output_len=row["output_len"],
@@ -272,10 +346,10 @@ def trace_from_json(data: object) -> list[Request]:
     """
     if isinstance(data, Mapping):
         if data.get("format") != TRACE_FORMAT:
-            raise ValueError(f"not a trace: format is {data.get('format')!r}, "
+            raise ValueError(f"not a trace: format is {describe(data.get('format'))}, "
                              f"expected {TRACE_FORMAT!r}")
         if data.get("version") != TRACE_VERSION:
-            raise ValueError(f"unsupported trace version {data.get('version')!r}")
+            raise ValueError(f"unsupported trace version {describe(data.get('version'))}")
         data = data.get("requests")
     if not isinstance(data, list) or not data:
         raise ValueError("a trace needs a non-empty list of requests")
@@ -290,12 +364,30 @@ def save_trace(requests: Iterable[Request], path: str | Path) -> Path:
 
 
 def load_trace(path: str | Path) -> list[Request]:
-    """Read a trace written by :func:`save_trace` (or a bare JSON list of requests)."""
+    """Read a trace written by :func:`save_trace` (or a bare JSON list of requests).
+
+    Anything but a readable regular file of at most
+    :data:`~course_lib.limits.MAX_TRACE_FILE_BYTES` bytes of JSON raises ValueError naming
+    the file and what is wrong with it.
+    """
     path = Path(path)
+    name = describe(str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"trace file {str(path)!r} does not exist") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"trace file {str(path)!r} is not valid JSON: {error}") from None
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise ValueError(f"trace file {name} {what}")
+        with path.open("rb") as file:
+            raw = file.read(MAX_TRACE_FILE_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"cannot read trace file {name}: {error.strerror or error}") from None
+    if len(raw) > MAX_TRACE_FILE_BYTES:
+        raise ValueError(f"trace file {name} is larger than {MAX_TRACE_FILE_BYTES:,} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"trace file {name} is not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"trace file {name} nests too deeply to be a trace") from None
+    except ValueError as error:  # JSONDecodeError, or an integer of over 4,300 digits
+        raise ValueError(f"trace file {name} is not valid JSON: {error}") from None
     return trace_from_json(data)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from course_lib import kv_math
 from course_lib.kv_math import GIB, MODELS
+from course_lib.validate import (
+    check_int,
+    check_non_negative_number,
+    check_positive_number,
+    describe,
+)
 
 
 def test_guide_model_figures() -> None:
@@ -101,3 +109,62 @@ def test_paged_waste_is_below_one_block(tokens: int, block: int) -> None:
     slots = kv_math.blocks_needed(tokens, block) * block
     assert 0 <= slots - tokens <= block - 1
     assert 0 < kv_math.paged_utilization(tokens, block) <= 1
+
+
+def test_numbers_too_large_for_a_float_are_refused_not_overflowed() -> None:
+    with pytest.raises(ValueError, match="budget_bytes must be a positive number, got an "
+                                         "integer of 1,329 bits"):
+        kv_math.capacity(131072, 10**400)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        kv_math.concurrent_requests(131072, 10**400, 100)
+    assert kv_math.capacity(131072, 2**60).blocks == 2**60 // (131072 * 16)
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "message"),
+    [(lambda v: check_int("n", v, 1, 10), 11, "n must be an integer <= 10, got 11"),
+     (lambda v: check_int("n", v, 1), -(10**5000), "n must be an integer >= 1, got an integer"),
+     (lambda v: check_int("n", v, 1), [[]] * 100, "got [[], [], "),
+     (lambda v: check_positive_number("x", v, 5.0), 6, "x must be at most 5, got 6"),
+     (lambda v: check_non_negative_number("x", v), -0.5, "x must be a non-negative number"),
+     (lambda v: check_non_negative_number("x", v), "1", "got '1'")],
+    ids=["above-maximum", "5000-digits", "long-list", "number-maximum", "negative", "text"],
+)
+def test_checks_name_the_value_even_when_it_is_huge(check, value, message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        check(value)
+    assert message in str(error.value) and len(str(error.value)) < 200
+
+
+def test_describe_shortens_what_it_cannot_print_whole() -> None:
+    nested: list = []
+    for _ in range(10_000):
+        nested = [nested]
+    assert describe(nested) == "a list nested too deeply to print"
+    assert describe(-(10**5000)).startswith("an integer of 16,610 bits")
+    assert describe("x" * 100).endswith("...") and len(describe("x" * 100)) == 60
+    assert describe(1.5) == "1.5"
+
+
+@given(value=st.one_of(st.floats(allow_nan=True), st.integers(-(10**400), 10**400),
+                       st.text(max_size=5), st.none(), st.booleans()))
+def test_positive_number_check_accepts_exactly_finite_positive_numbers(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        finite_positive = False
+    elif isinstance(value, int):
+        assume(value.bit_length() != 1024)  # the boundary where float() starts to overflow
+        finite_positive = value > 0 and value.bit_length() < 1024
+    else:
+        finite_positive = math.isfinite(value) and value > 0
+    try:
+        assert check_positive_number("x", value) == float(value) and finite_positive
+    except ValueError:
+        assert not finite_positive
+
+
+def test_vllm_log_lines_refuse_a_budget_that_is_not_a_number() -> None:
+    """``"14" * GIB`` would be a 14 GiB string, not 14 GiB."""
+    with pytest.raises(ValueError, match="available_gib must be a positive number, got '14'"):
+        kv_math.vllm_kv_log_lines("14", MODELS["opt-13b"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shape must be a ModelShape, got 'opt-13b'"):
+        kv_math.vllm_kv_log_lines(14.0, "opt-13b")  # type: ignore[arg-type]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 
@@ -139,4 +141,34 @@ def test_commands_reject_bad_values_with_one_line(
 ) -> None:
     assert main([command, "--block-size", "0"]) == 2
     err = capsys.readouterr().err
-    assert err == "error: block_size must be an integer >= 1, got 0\n"
+    assert err == "error: argument --block-size: must be an integer from 1 to 65,536, got '0'\n"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [(lambda: sampling_trace(3, n=2, mean_prompt=math.inf, mean_output=5),
+      "mean_prompt must be a positive number, got inf"),
+     (lambda: sampling_trace(3, n=2, mean_prompt=5, mean_output=1e300),
+      "mean_output must be at most 1,048,576, got 1e+300"),
+     (lambda: sampling_trace(10**5, n=16, mean_prompt=5, mean_output=5), "num_requests x n"),
+     (lambda: beam_trace(3, mean_prompt=math.nan, mean_output=5), "mean_prompt"),
+     (lambda: SamplingRequest(5, ()), "output_lens must be a non-empty tuple"),
+     (lambda: measure_parallel_sampling([(5, (1,))]),  # type: ignore[list-item]
+      "trace must hold SamplingRequest records, got (5, (1,))"),
+     (lambda: measure_parallel_sampling(SamplingRequest(5, (1,))),  # type: ignore[arg-type]
+      "trace must be a list of SamplingRequest"),
+     (lambda: measure_parallel_sampling([SamplingRequest(5, (10**6,) * 2)]),
+      "the tokens the samples append is 2,000,000"),
+     (lambda: measure_beam_search([BeamRequest(5, 10**6)], beam_width=4),
+      "the tokens the beams append"),
+     (lambda: cow_demo(prompt_tokens=10**8), "prompt_tokens must be an integer <= 16,777,216"),
+     (lambda: cow_demo(samples=16384, new_tokens=1000), "the blocks cow_demo needs"),
+     (lambda: cow_demo(samples=1000, new_tokens=2000, block_size=64),
+      "the tokens cow_demo appends, samples x new_tokens, is 2,000,000"),
+     (lambda: system_prompt_sharing(prompt_tokens=2000, requests=1000),
+      "the prompt tokens system_prompt_sharing hashes"),
+     (lambda: system_prompt_sharing(requests=10**18), "requests must be an integer <= 16,384")],
+)
+def test_work_too_large_or_malformed_is_refused_up_front(call, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import course_lib.workload as workload_module
+from course_lib.limits import MAX_ARRIVAL_STEP
+from course_lib.simulator import simulate
 from course_lib.workload import (
     TRACE_FORMAT,
     WORKLOADS,
     Request,
+    check_trace_size,
     generate_trace,
     load_trace,
     save_trace,
@@ -182,3 +188,75 @@ def test_bad_trace_files_are_rejected(tmp_path: Path) -> None:
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
         load_trace(broken)
+
+
+# --- bad input found by a hostile user: refused up front, never a hang or a TypeError ---
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"sigma": 1e300}, "sigma must be at most 10"),
+     ({"sigma": math.inf}, "sigma must be a non-negative number, got inf"),
+     ({"median_total": "886"}, "median_total must be a positive number, got '886'"),
+     ({"median_total": math.nan}, "median_total must be a positive number, got nan"),
+     ({"max_total": 10**400}, "max_total must be an integer <= 16,777,216, got an integer of"),
+     ({"n": 10**7}, "n must be an integer <= 100,000"),
+     ({"reply_share": "ab"}, "reply_share must be two positive Beta parameters, got 'ab'"),
+     ({"reply_share": 5}, "reply_share must be two positive Beta parameters, got 5"),
+     ({"arrival_rate": 1e-300}, "spreads 10 arrivals past step 1,000,000"),
+     ({"priority_levels": 2**64}, "priority_levels must be an integer <="),
+     ({"vocab_size": 10, "shared_prefix": 10**9}, "shared_prefix must be an integer <= 2,048")],
+)
+def test_hostile_generator_arguments_are_refused(kwargs: dict, message: str) -> None:
+    arguments = {"n": 10, "seed": 0, **GENERATOR} | kwargs
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generate_trace(**arguments)
+
+
+def test_support_chat_with_a_huge_sigma_is_refused_not_looped() -> None:
+    with pytest.raises(ValueError, match="sigma must be at most 10"):
+        support_chat(sigma=1e300)
+
+
+def test_redrawing_out_of_range_lengths_gives_up_with_a_reason() -> None:
+    """Only draws that round to exactly 2 fit; about 2% do, so 100 rounds do not fill 1,000."""
+    with pytest.raises(ValueError, match=r"rounds of redraws .* lower sigma or raise max_total"):
+        generate_trace(1000, seed=0, median_total=2, sigma=10, max_total=2)
+
+
+def test_token_ids_for_too_many_prompt_tokens_are_refused() -> None:
+    with pytest.raises(ValueError, match="the prompt tokens to draw ids for is"):
+        generate_trace(2000, seed=0, median_total=8000, sigma=0.01, max_total=8192,
+                       vocab_size=10)
+
+
+def test_traces_too_large_to_replay_are_refused() -> None:
+    check_trace_size([Request(0, 5, 2, arrival=MAX_ARRIVAL_STEP)])
+    with pytest.raises(ValueError, match="latest arrival step is 1,000,000,000"):
+        check_trace_size([Request(0, 5, 2, arrival=10**9)])
+    with pytest.raises(ValueError, match="prompt and reply tokens is 9,000,001"):
+        check_trace_size([Request(0, 9_000_000, 1)])
+    with pytest.raises(ValueError, match="latest arrival step"):
+        simulate([Request(0, 5, 2, arrival=10**9)])
+
+
+def test_trace_files_a_hostile_user_might_pass(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {"nested.json": "[" * 100_000 + "]" * 100_000,
+             "big-int.json": '[{"prompt_len": 1' + "0" * 5000 + ', "output_len": 1}]',
+             "deep.json": '[{"prompt_len": 5, "output_len": 2, "priority": '
+                          + "[" * 900 + "]" * 900 + "}]"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "latin1.json").write_bytes(b'[{"prompt_len": 5, "output_len": 2, "x": "\xe9"}]')
+    for name, message in (("nested.json", "nests too deeply"),
+                          ("big-int.json", "is not valid JSON: Exceeds the limit"),
+                          ("deep.json", "priority must be an integer, got [[[["),
+                          ("latin1.json", "is not UTF-8 text"),
+                          (".", "is not a regular file")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_trace(tmp_path / name)
+    path = save_trace([Request(0, 5, 2)], tmp_path / "ok.json")
+    monkeypatch.setattr(workload_module, "MAX_TRACE_FILE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(ValueError, match="is larger than"):
+        load_trace(path)

@@ -226,17 +226,36 @@ def _all_sources() -> list[Path]:
     return sorted(p for folder in FOLDERS[:2] for p in (ROOT / folder).glob("*.ipynb"))
 
 
+def notebook_file(text: str) -> Path:
+    """A ``type=`` for a notebook argument: an existing ``.ipynb`` file in this repository."""
+    path = Path(text)
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise argparse.ArgumentTypeError(f"{text!r} is not an existing .ipynb file")
+    if not path.resolve().is_relative_to(ROOT):
+        raise argparse.ArgumentTypeError(f"{text!r} is outside this repository ({ROOT})")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point."""
+    """Command-line entry point; a notebook that cannot be read ends in one line, status 2."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("normalize").add_argument("paths", nargs="*", type=Path)
+    sub.add_parser("normalize").add_argument("paths", nargs="*", type=notebook_file)
     sub.add_parser("exercises").add_argument("--force", action="store_true")
-    sub.add_parser("execute").add_argument("paths", nargs="*", type=Path)
+    sub.add_parser("execute").add_argument("paths", nargs="*", type=notebook_file)
     sub.add_parser("check")
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (OSError, ValueError) as error:  # unreadable file, not JSON, not a notebook
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Carry out the parsed action; the exit status."""
     if args.action == "normalize":
         normalize_files(args.paths or _all_sources())
     elif args.action == "exercises":

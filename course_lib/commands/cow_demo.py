@@ -6,8 +6,11 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from course_lib.commands import add_json_flag, emit, format_table
+from course_lib.commands import add_json_flag, emit, format_table, in_flag_terms, integer
+from course_lib.limits import MAX_DEMO_SEQUENCES, MAX_LEN, MAX_SHAPE
 from course_lib.sharing import cow_demo
+
+_FLAGS = ("prompt_tokens", "samples", "new_tokens", "block_size")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,17 +20,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Prefill a prompt, fork it into samples that share every block, and let "
         "each sample write new tokens; a shared, partly filled block is copied before a write.",
     )
-    parser.add_argument("--prompt-tokens", type=int, default=1000, help="prompt length")
-    parser.add_argument("--samples", type=int, default=4, help="parallel samples")
-    parser.add_argument("--new-tokens", type=int, default=200, help="tokens each sample writes")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    parser.add_argument("--prompt-tokens", type=integer(1, MAX_LEN), default=1000,
+                        help="prompt length")
+    parser.add_argument("--samples", type=integer(1, MAX_DEMO_SEQUENCES), default=4,
+                        help="parallel samples")
+    parser.add_argument("--new-tokens", type=integer(0, MAX_LEN), default=200,
+                        help="tokens each sample writes")
+    parser.add_argument("--block-size", type=integer(1, MAX_SHAPE), default=16,
+                        help="tokens per block")
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print its end state."""
-    demo = cow_demo(args.prompt_tokens, args.samples, args.new_tokens, args.block_size)
+    try:
+        demo = cow_demo(*(getattr(args, name) for name in _FLAGS))
+    except ValueError as error:
+        raise in_flag_terms(error, _FLAGS) from None
     return emit(demo.as_dict(), args.json, _render)
 
 

@@ -6,22 +6,52 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from course_lib.commands import add_json_flag, emit, format_table
+from course_lib.commands import UsageError, add_json_flag, emit, format_table, integer, number
 from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, bytes_per_token, capacity
+from course_lib.limits import MAX_BUDGET_GIB, MAX_LEN, MAX_SHAPE
+
+MIN_POOL_BLOCKS = 2
+"""Fewest blocks a budget must hold: one for requests plus the reserved null block, the
+paged simulator's minimum, so ``kv-size`` and ``simulate`` refuse the same budgets."""
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Model-shape options shared by every command that sizes a KV cache."""
     guide = MODELS["guide-8kv"]
-    parser.add_argument("--layers", type=int, default=guide.layers, help="decoder layers")
-    parser.add_argument("--kv-heads", type=int, default=guide.kv_heads, help="key/value heads")
-    parser.add_argument("--head-dim", type=int, default=guide.head_dim, help="head size")
-    parser.add_argument("--dtype", default="fp16", help=f"cache dtype: {', '.join(DTYPE_BYTES)}")
+    shape = integer(1, MAX_SHAPE)
+    parser.add_argument("--layers", type=shape, default=guide.layers, help="decoder layers")
+    parser.add_argument("--kv-heads", type=shape, default=guide.kv_heads,
+                        help="key/value heads")
+    parser.add_argument("--head-dim", type=shape, default=guide.head_dim, help="head size")
+    parser.add_argument("--dtype", default="fp16", choices=tuple(DTYPE_BYTES),
+                        help="cache dtype")
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--budget-gib``, ``--block-size`` and ``--max-len``, shared with ``simulate``."""
+    parser.add_argument("--budget-gib", type=number(0, MAX_BUDGET_GIB, above=True),
+                        default=60.0, help="KV budget in GiB")
+    parser.add_argument("--block-size", type=integer(1, MAX_SHAPE), default=16,
+                        help="tokens per block")
+    parser.add_argument("--max-len", type=integer(1, MAX_LEN), default=8192,
+                        help="maximum tokens per request")
 
 
 def per_token_bytes_from(args: argparse.Namespace) -> int:
     """Bytes per token for the model shape given on the command line."""
     return bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.dtype)
+
+
+def budget_blocks(args: argparse.Namespace, per_token: int) -> int:
+    """Whole blocks in ``--budget-gib``; refuse a budget that holds fewer than
+    :data:`MIN_POOL_BLOCKS`, naming the flags."""
+    blocks = int(args.budget_gib * GIB) // (per_token * args.block_size)
+    if blocks < MIN_POOL_BLOCKS:
+        raise UsageError(
+            f"--budget-gib {args.budget_gib:g} holds {blocks} blocks of --block-size "
+            f"{args.block_size} tokens at {per_token:,} B per token; a paged pool needs at "
+            f"least {MIN_POOL_BLOCKS} (one is the null block)")
+    return blocks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,18 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "then budget -> blocks -> tokens -> requests at a maximum length.",
     )
     add_model_arguments(parser)
-    parser.add_argument("--budget-gib", type=float, default=60.0, help="KV budget in GiB")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--max-len", type=int, default=8192, help="maximum tokens per request")
+    add_budget_arguments(parser)
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Compute and print the capacity table."""
-    result = capacity(
-        per_token_bytes_from(args), args.budget_gib * GIB, args.block_size, args.max_len
-    ).as_dict()
+    per_token = per_token_bytes_from(args)
+    budget_blocks(args, per_token)
+    result = capacity(per_token, args.budget_gib * GIB, args.block_size, args.max_len).as_dict()
     return emit(result, args.json, _render)
 
 

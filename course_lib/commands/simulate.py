@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from course_lib.commands import add_json_flag, emit, format_table
-from course_lib.commands.kv_size import add_model_arguments, per_token_bytes_from
+from course_lib.commands import (
+    UsageError,
+    add_json_flag,
+    emit,
+    format_table,
+    integer,
+    number,
+    refuse_together,
+)
+from course_lib.commands.kv_size import (
+    add_budget_arguments,
+    add_model_arguments,
+    budget_blocks,
+    per_token_bytes_from,
+)
 from course_lib.kv_math import GIB
+from course_lib.limits import MAX_BUDGET_GIB, MAX_INT, MAX_POOL_BLOCKS
 from course_lib.scheduler import POLICIES, PREEMPTION_MODES, SchedulerConfig
 from course_lib.simulator import ALLOCATORS, ROOFLINE_COSTS, CostModel, SimConfig, simulate
 from course_lib.slab import FITS
-from course_lib.workload import WORKLOADS, load_trace, workload
+from course_lib.validate import check_at_most
+from course_lib.workload import WORKLOADS, Request, check_trace_size, load_trace, workload
 
 COST_MODELS: dict[str, CostModel] = {"source": CostModel(), "roofline": ROOFLINE_COSTS}
+
+
+MAX_STEP_MS = 3_600_000.0
+"""Longest fixed step in milliseconds (an hour): times and costs then stay finite numbers."""
+
+MAX_PRICE_PER_HOUR = 1e9
+"""Highest GPU price per hour, for the same reason."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,73 +51,120 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--workload", default="support-chat", choices=sorted(WORKLOADS),
                         help="named workload preset (default: support-chat)")
     source.add_argument("--trace", metavar="FILE.json", help="your own trace (JSON)")
-    parser.add_argument("--seed", type=int, help="seed of the workload preset")
-    parser.add_argument("--priority-levels", type=int,
+    parser.add_argument("--seed", type=integer(0, MAX_INT), help="seed of the workload preset")
+    parser.add_argument("--priority-levels", type=integer(1, MAX_INT),
                         help="give the preset's requests random priorities 0 .. N-1")
     parser.add_argument("--allocator", default="paged", choices=ALLOCATORS)
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (paged)")
-    parser.add_argument("--max-len", type=int, default=8192, help="longest request in tokens")
-    parser.add_argument("--budget-gib", type=float, default=60.0, help="KV budget in GiB")
-    parser.add_argument("--fit", default="first", choices=FITS,
-                        help="gap choice of exact-size slabs")
+    add_budget_arguments(parser)
+    parser.add_argument("--fit", choices=FITS,
+                        help="gap choice of exact-size slabs (default: first)")
     add_model_arguments(parser)
     parser.add_argument("--policy", default="fcfs", choices=POLICIES,
                         help="whom to preempt: newest (fcfs) or lowest priority")
     parser.add_argument("--preemption", default="recompute", choices=PREEMPTION_MODES,
                         help="how a preempted request comes back")
-    parser.add_argument("--max-num-seqs", type=int, help="most running requests per step")
-    parser.add_argument("--max-num-batched-tokens", type=int, help="most tokens per step")
-    parser.add_argument("--swap-space-gib", type=float,
-                        help="CPU swap space in GiB (default: as large as the KV budget)")
+    parser.add_argument("--max-num-seqs", type=integer(1, MAX_INT),
+                        help="most running requests per step")
+    parser.add_argument("--max-num-batched-tokens", type=integer(1, MAX_INT),
+                        help="most tokens per step")
+    parser.add_argument("--swap-space-gib", type=number(0, MAX_BUDGET_GIB),
+                        help="CPU swap space in GiB with --preemption swap "
+                        "(default: as large as the KV budget)")
     parser.add_argument("--prefix-caching", action="store_true",
                         help="a request resumed by recompute reuses its blocks still cached "
                         "(paged only)")
     parser.add_argument("--cost-model", default="source", choices=sorted(COST_MODELS),
                         help="source: flat 25 ms steps; roofline: steps slow with the batch")
-    parser.add_argument("--step-ms", type=float, help="fixed part of a step in milliseconds")
-    parser.add_argument("--price-per-hour", type=float, help="GPU price per hour")
+    parser.add_argument("--step-ms", type=number(0, MAX_STEP_MS, above=True),
+                        help="fixed part of a step in milliseconds")
+    parser.add_argument("--price-per-hour", type=number(0, MAX_PRICE_PER_HOUR),
+                        help="GPU price per hour")
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
+def _refuse_contradictions(args: argparse.Namespace) -> None:
+    """Refuse flags that another flag makes meaningless, naming both."""
+    paged = args.allocator == "paged"
+    if args.swap_space_gib is not None and args.preemption != "swap":
+        refuse_together("--swap-space-gib", f"--preemption {args.preemption}",
+                        "swap space is used only by --preemption swap")
+    if args.preemption == "swap" and not paged:
+        refuse_together("--preemption swap", f"--allocator {args.allocator}",
+                        "contiguous slabs reserve up front and are never preempted")
+    if args.prefix_caching and not paged:
+        refuse_together("--prefix-caching", f"--allocator {args.allocator}",
+                        "only the paged pool caches blocks")
+    if args.fit is not None and paged:
+        refuse_together(f"--fit {args.fit}", "--allocator paged",
+                        "--fit chooses among the gaps of contiguous slabs; a paged pool has none")
+    if args.trace is not None:
+        for flag, value in (("--seed", args.seed), ("--priority-levels", args.priority_levels)):
+            if value is not None:
+                refuse_together(flag, "--trace", f"{flag} shapes a --workload preset")
+    if (args.max_num_batched_tokens is not None
+            and args.max_num_batched_tokens < args.max_len):
+        raise UsageError(f"--max-num-batched-tokens {args.max_num_batched_tokens} is below "
+                         f"--max-len {args.max_len}; without chunked prefill a prompt that "
+                         f"long could never start")
+
+
+def _check_budget(args: argparse.Namespace, per_token: int) -> None:
+    """Refuse a ``--budget-gib`` the allocator cannot use, or a pool too large to simulate."""
+    if args.allocator == "paged":
+        check_at_most(f"the blocks in --budget-gib {args.budget_gib:g} at --block-size "
+                      f"{args.block_size} x {per_token:,} B per token",
+                      budget_blocks(args, per_token), MAX_POOL_BLOCKS,
+                      "lower --budget-gib or raise --block-size")
+        return
+    slots = int(args.budget_gib * GIB) // per_token
+    least = args.max_len if args.allocator == "reserve-max" else 1
+    if slots < least:
+        raise UsageError(f"--budget-gib {args.budget_gib:g} holds {slots:,} token slots at "
+                         f"{per_token:,} B per token; --allocator {args.allocator} needs at "
+                         f"least {least:,}" + (" (one --max-len slab)" if least > 1 else ""))
+
+
 def _config(args: argparse.Namespace) -> SimConfig:
     """The simulated server the arguments describe; bad values raise ValueError."""
+    _refuse_contradictions(args)
     per_token = per_token_bytes_from(args)
-    for flag, value in (("--budget-gib", args.budget_gib),
-                        ("--swap-space-gib", args.swap_space_gib)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{flag} must be a non-negative number, got {value!r}")
+    _check_budget(args, per_token)
     costs = COST_MODELS[args.cost_model]
     if args.step_ms is not None:
         costs = replace(costs, step_seconds=args.step_ms / 1000)
     if args.price_per_hour is not None:
         costs = replace(costs, price_per_hour=args.price_per_hour)
+    swap_blocks = (None if args.swap_space_gib is None
+                   else int(args.swap_space_gib * GIB) // (per_token * args.block_size))
     scheduler = SchedulerConfig(
         policy=args.policy, preemption=args.preemption, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens)
-    config = SimConfig(allocator=args.allocator, budget_bytes=int(args.budget_gib * GIB),
-                       bytes_per_token=per_token, block_size=args.block_size,
-                       max_len=args.max_len, fit=args.fit, scheduler=scheduler, costs=costs,
-                       prefix_caching=args.prefix_caching)
-    if args.swap_space_gib is None:
-        return config
-    swap_blocks = int(args.swap_space_gib * GIB) // (per_token * config.block_size)
-    return replace(config, scheduler=replace(scheduler, swap_space_blocks=swap_blocks))
+        max_num_batched_tokens=args.max_num_batched_tokens, swap_space_blocks=swap_blocks)
+    return SimConfig(allocator=args.allocator, budget_bytes=int(args.budget_gib * GIB),
+                     bytes_per_token=per_token, block_size=args.block_size,
+                     max_len=args.max_len, fit=args.fit or "first", scheduler=scheduler,
+                     costs=costs, prefix_caching=args.prefix_caching)
+
+
+def _trace(args: argparse.Namespace) -> tuple[list[Request], str]:
+    """The requests to replay and their name: the ``--trace`` file or the preset."""
+    if args.trace is None:
+        preset = {key: value for key, value in (("seed", args.seed),
+                                                ("priority_levels", args.priority_levels))
+                  if value is not None}
+        return workload(args.workload, **preset), args.workload
+    try:
+        trace = load_trace(args.trace)
+        check_trace_size(trace)
+    except ValueError as error:
+        raise UsageError(f"--trace: {error}") from None
+    return trace, args.trace
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the trace and the server, simulate, print the metrics."""
+    """Build the server and the trace, simulate, print the metrics."""
     config = _config(args)
-    preset = {key: value for key, value in (("seed", args.seed),
-                                            ("priority_levels", args.priority_levels))
-              if value is not None}
-    if args.trace is not None:
-        if preset:
-            flags = " and ".join(f"--{key.replace('_', '-')}" for key in preset)
-            raise ValueError(f"{flags} shape a --workload preset, not a --trace file")
-        trace, name = load_trace(args.trace), args.trace
-    else:
-        trace, name = workload(args.workload, **preset), args.workload
+    trace, name = _trace(args)
     result = simulate(trace, config)
     payload = {"workload": name, "bytes_per_token": config.bytes_per_token,
                "step_ms": config.costs.step_seconds * 1000,

@@ -25,10 +25,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from course_lib.attention import KERNEL_MODE
+from course_lib.commands import integer
 from course_lib.engine.contiguous import generate
 from course_lib.engine.engine import PagedEngine
 from course_lib.engine.loading import load_pretrained
@@ -57,6 +59,9 @@ class BenchSetup:
     batches: tuple[int, ...]
     seed: int = 0
 
+
+MAX_THREADS = 1024
+"""Most torch CPU threads ``--threads`` accepts."""
 
 SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
                    batches=(4,))
@@ -154,6 +159,17 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def _unloadable(model: str) -> str | None:
+    """Why ``--model`` cannot name a checkpoint, found without loading anything: a path that
+    does not exist (a hub id is ``name`` or ``org/name``) or a folder without config.json."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None if (path / "config.json").is_file() else "has no config.json"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or "\\" in model:
+        return "does not exist"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the sweeps, print the table."""
     parser = argparse.ArgumentParser(prog="python -m course_lib.engine.bench",
@@ -163,19 +179,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="local Llama checkpoint folder or hub id (default: random model)")
     parser.add_argument("--decode-attention", choices=("triton", "torch"), default=None,
                         help="default: triton on a CUDA GPU, torch on a CPU")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=integer(1, MAX_THREADS), default=None,
                         help="torch CPU threads (1 gives steadier timings on a busy machine)")
     args = parser.parse_args(argv)
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     cuda = KERNEL_MODE == "cuda"
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
     decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
     setup = SMOKE if args.smoke else GPU if cuda else CPU
     if args.model:
-        model, _ = load_pretrained(args.model, dtype=dtype, device=device)
+        reason = _unloadable(args.model)
+        if reason:
+            parser.error(f"--model {args.model!r} {reason}")
+        try:
+            model, _ = load_pretrained(args.model, dtype=dtype, device=device)
+        except (OSError, ValueError) as error:
+            parser.error(f"--model {args.model!r} cannot be loaded: "
+                         f"{' '.join(str(error).split())}")
         name = args.model
     else:
         config = tiny_config() if args.smoke else SMALL_CONFIG
