@@ -343,3 +343,9 @@ def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "paged/contiguous" in out and "tok/s" in out
+
+
+def test_bench_refuses_a_bad_request_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_main(["--smoke", "--requests", "0"])
+    assert "--requests must be at least 1, got 0" in capsys.readouterr().err

@@ -3,12 +3,14 @@
 #
 # That machine has Python 3.12 with torch, triton, transformers, pytest, hypothesis,
 # matplotlib and numpy, but no Jupyter packages and no internet. This fetches nbclient,
-# nbformat, ipykernel and every runtime dependency of theirs that is not already pulled in by
+# nbformat, ipykernel, ipywidgets and every runtime dependency of theirs not already pulled in by
 # those packages (packaging, python-dateutil, six, typing_extensions come with pytest,
 # matplotlib and torch), as cp312 manylinux x86_64 wheels, into .whl/ at the repository root
 # (git-ignored; the lead passes it to the device tool with carry [".whl"]). Versions are the
 # ones pinned in requirements/constraints.txt. debugpy (ipykernel's debugger, the largest
-# wheel) is left out: ipykernel runs without it and only the debugger is then unavailable.
+# wheel) is left out: ipykernel runs without it and only the debugger is then unavailable;
+# so are the browser halves of ipywidgets (widgetsnbextension, jupyterlab_widgets): the
+# notebooks import ipywidgets, which needs neither to run.
 #
 # Usage: bash tools/fetch_gpu_wheels.sh [DEST]   (DEST defaults to .whl)
 set -euo pipefail
@@ -22,7 +24,7 @@ packages=(
     nbclient nbformat ipykernel
     jupyter_client jupyter_core traitlets pyzmq tornado platformdirs
     fastjsonschema jsonschema jsonschema-specifications referencing rpds-py attrs
-    comm nest-asyncio2 psutil matplotlib-inline
+    comm nest-asyncio2 psutil matplotlib-inline ipywidgets
     ipython ipython_pygments_lexers Pygments jedi parso prompt_toolkit wcwidth
     pexpect ptyprocess stack-data asttokens executing pure_eval
 )

@@ -24,7 +24,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -165,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="default: triton on a CUDA GPU, torch on a CPU")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (1 gives steadier timings on a busy machine)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per measurement (default 6 smoke, 32 CPU, 256 GPU)")
     args = parser.parse_args(argv)
+    if args.requests is not None and args.requests < 1:
+        parser.error(f"--requests must be at least 1, got {args.requests}")
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1, got {args.threads}")
@@ -174,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
     decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
     setup = SMOKE if args.smoke else GPU if cuda else CPU
+    if args.requests is not None:
+        setup = replace(setup, requests=args.requests)
     if args.model:
         model, _ = load_pretrained(args.model, dtype=dtype, device=device)
         name = args.model
