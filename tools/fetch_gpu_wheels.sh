@@ -3,9 +3,9 @@
 #
 # That machine has Python 3.12 with torch, triton, transformers, pytest, hypothesis,
 # matplotlib and numpy, but no Jupyter packages and no internet. This fetches nbclient,
-# nbformat, ipykernel, ipywidgets and every runtime dependency of theirs not already pulled in by
-# those packages (packaging, python-dateutil, six, typing_extensions come with pytest,
-# matplotlib and torch), as cp312 manylinux x86_64 wheels, into .whl/ at the repository root
+# nbformat, ipykernel, ipywidgets and every runtime dependency of theirs that the machine lacks
+# (its image already holds attrs, packaging, psutil, pygments, python-dateutil, six and
+# typing-extensions), as cp312 manylinux x86_64 wheels, into .whl/ at the repository root
 # (git-ignored; the lead passes it to the device tool with carry [".whl"]). Versions are the
 # ones pinned in requirements/constraints.txt. debugpy (ipykernel's debugger, the largest
 # wheel) is left out: ipykernel runs without it and only the debugger is then unavailable;
@@ -23,9 +23,9 @@ constraints=requirements/constraints.txt
 packages=(
     nbclient nbformat ipykernel
     jupyter_client jupyter_core traitlets pyzmq tornado platformdirs
-    fastjsonschema jsonschema jsonschema-specifications referencing rpds-py attrs
-    comm nest-asyncio2 psutil matplotlib-inline ipywidgets
-    ipython ipython_pygments_lexers Pygments jedi parso prompt_toolkit wcwidth
+    fastjsonschema jsonschema jsonschema-specifications referencing rpds-py
+    comm nest-asyncio2 matplotlib-inline ipywidgets
+    ipython ipython_pygments_lexers jedi parso prompt_toolkit wcwidth
     pexpect ptyprocess stack-data asttokens executing pure_eval
 )
 

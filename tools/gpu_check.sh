@@ -5,12 +5,17 @@
 #   bash tools/gpu_check.sh OUTDIR            # GPU machine: under 8 minutes on one H200
 #   bash tools/gpu_check.sh --smoke OUTDIR    # reduced run on a CPU (Triton interpreter), ~1 min
 #
-# How the lead runs it with the device tool (one H200, no internet, 15 min of device time):
-#   1. here:      bash tools/fetch_gpu_wheels.sh    (.whl/: nbclient, ipykernel and deps, 11 MB)
-#   2. device:    run(command="bash tools/gpu_check.sh $OUT/gpu", carry=[".whl"], timeout_s=540)
-#   3. results:   the reply's files_at/gpu/ holds what OUTDIR holds; copy it to results/gpu/
-#                 and commit it. Still to do then: notebook 06 loads
-#                 results/gpu/attention_bench/bench.csv for its GPU figure (not wired up yet).
+# How the lead runs it with the device tool (one H200, no internet, 15 min of device time).
+# Only 8 files come back from $OUT, so the folder travels back as one tarball:
+#   1. here:    bash tools/fetch_gpu_wheels.sh    (.whl/: nbclient, ipykernel and deps, ~10 MB)
+#   2. device:  run(carry=[".whl"], timeout_s=570, command=
+#                 "bash tools/gpu_check.sh /tmp/gpu; rc=$?; tar czf $OUT/gpu.tar.gz -C /tmp gpu;
+#                  cp /tmp/gpu/summary.txt $OUT/; exit $rc")
+#               The summary lines also print to stdout, so output_tail shows them even if the
+#               call is cut off.
+#   3. here:    mkdir -p results && tar xzf FILES_AT/gpu.tar.gz -C results  (-> results/gpu/),
+#               commit results/gpu/. Still to do then: notebook 06 should load
+#               results/gpu/attention_bench/bench.csv for its GPU figure (not wired up yet).
 #
 # OUTDIR receives: env.txt (GPU, driver, torch/triton/CUDA versions); tests.xml + tests.log
 # (pytest tests/test_attention.py tests/test_engine.py); attention_bench/bench.csv, bench.png +
@@ -38,7 +43,8 @@ python=${PYTHON:-python3}
 # Scratch (caches of matplotlib, Jupyter, IPython, Triton) stays out of $HOME and the repo.
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 2
 trap 'rm -rf "$work"' EXIT
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 MPLBACKEND=Agg
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+export MPLBACKEND=Agg
 export MPLCONFIGDIR=$work/mpl IPYTHONDIR=$work/ipython JUPYTER_CONFIG_DIR=$work/jupyter
 export JUPYTER_DATA_DIR=$work/jupyter JUPYTER_RUNTIME_DIR=$work/jupyter/runtime
 export TRITON_CACHE_DIR=$work/triton HF_HOME=$work/hf XDG_CACHE_HOME=$work/cache
@@ -51,10 +57,13 @@ if ((smoke)); then
     engine_args=(--smoke --threads 1)
     notebooks=(notebooks/06_triton_paged_attention.ipynb)
 else
-    budget=(env 20 tests 150 attention_bench 120 engine_bench 75 notebooks 110)
+    budget=(env 20 tests 145 attention_bench 115 engine_bench 80 notebooks 105)  # 465 s
     test_args=()
+    if "$python" -c "import xdist" 2>/dev/null; then  # Triton compiles on 8 cores at once
+        test_args=(-n 8)
+    fi
     attention_args=(--warmup-ms 10 --rep-ms 30)  # every case of the sweep, shorter timing
-    engine_args=(--requests 64)  # the GPU setup's sweeps on 64 of its 256 requests
+    engine_args=(--requests 48)  # the GPU setup's sweeps on 48 of its 256 requests
     notebooks=(notebooks/06_triton_paged_attention.ipynb notebooks/07_capstone_serving_engine.ipynb)
 fi
 declare -A seconds_for
@@ -188,7 +197,8 @@ notebook_path() {
     fi
     compgen -G ".whl/*.whl" >/dev/null || return 1
     if "$python" -m pip --version >/dev/null 2>&1; then
-        "$python" -m pip install --quiet --no-index --no-deps --target "$site" .whl/*.whl >&2
+        "$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target "$site" .whl/*.whl >&2
     else  # a wheel is a zip laid out for site-packages
         for wheel in .whl/*.whl; do "$python" -m zipfile -e "$wheel" "$site" || return 1; done
     fi
