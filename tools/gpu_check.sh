@@ -14,8 +14,11 @@
 #               The summary lines also print to stdout, so output_tail shows them even if the
 #               call is cut off.
 #   3. here:    mkdir -p results && tar xzf FILES_AT/gpu.tar.gz -C results  (-> results/gpu/),
-#               commit results/gpu/. Still to do then: notebook 06 should load
-#               results/gpu/attention_bench/bench.csv for its GPU figure (not wired up yet).
+#               commit results/gpu/. Notebook 06 plots course_lib/attention/results/h200.csv
+#               when it exists: copy results/gpu/attention_bench/bench.csv there and
+#               re-execute the notebook (not done yet: no GPU run so far).
+# The device has no internet: Hugging Face runs offline (HF_HUB_OFFLINE=1), so a cell that
+# downloads a model fails at once instead of waiting on the network.
 #
 # OUTDIR receives: env.txt (GPU, driver, torch/triton/CUDA versions); tests.xml + tests.log
 # (pytest tests/test_attention.py tests/test_engine.py); attention_bench/bench.csv, bench.png +
@@ -47,10 +50,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PY
 export MPLBACKEND=Agg
 export MPLCONFIGDIR=$work/mpl IPYTHONDIR=$work/ipython JUPYTER_CONFIG_DIR=$work/jupyter
 export JUPYTER_DATA_DIR=$work/jupyter JUPYTER_RUNTIME_DIR=$work/jupyter/runtime
-export TRITON_CACHE_DIR=$work/triton HF_HOME=$work/hf XDG_CACHE_HOME=$work/cache
+export TRITON_CACHE_DIR=$work/triton XDG_CACHE_HOME=$work/cache HF_HUB_OFFLINE=1
 export JUPYTER_PLATFORM_DIRS=1 PYDEVD_DISABLE_FILE_VALIDATION=1
 
 if ((smoke)); then
+    export HF_HOME=$work/hf
     budget=(env 60 tests 150 attention_bench 90 engine_bench 90 notebooks 150)
     test_args=(-k "test_canary_passes or split1-fp32 or contiguous_logits")
     attention_args=(--smoke --batches 2)
