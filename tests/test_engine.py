@@ -14,10 +14,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from course_lib.attention import KERNEL_MODE
 from course_lib.engine import (
     GenerationRequest,
     ModelConfig,
+    PagedDecode,
     PagedEngine,
+    PagedPrefill,
     SamplingParams,
     config_from_hf,
     from_hf,
@@ -29,16 +32,22 @@ from course_lib.engine import (
     tiny_config,
 )
 from course_lib.engine.bench import main as bench_main
+from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.scheduler import SchedulerConfig
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 12, 13]]
 GREEDY = SamplingParams(max_tokens=4)
+DEVICE = "cuda" if KERNEL_MODE == "cuda" else "cpu"  # where the kernel reads the pool
+# Logits of the kernel's decode step against contiguous attention, by the model's dtype.
+LOGIT_TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+BF16_ON_GPU = pytest.mark.skipif(KERNEL_MODE != "cuda",
+                                 reason="bfloat16 needs a CUDA GPU (the interpreter is wrong)")
 
 
 @pytest.fixture(scope="module")
 def model():
     """The toy Llama with one KV head (four query heads share it): cheap for the kernel."""
-    return random_model(tiny_config(num_kv_heads=1), seed=0)
+    return random_model(tiny_config(num_kv_heads=1), seed=0, device=DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +72,37 @@ def test_greedy_matches_contiguous_generation_through_the_kernel(model, plain) -
     stats = engine.stats()
     assert (stats.preemptions, stats.generated_tokens, stats.peak_batch) == (0, 16, 4)
     assert engine.pool.num_free == 31  # everything freed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
+                                   pytest.param(torch.bfloat16, marks=BF16_ON_GPU)], ids=str)
+def test_kernel_decode_step_gives_the_contiguous_logits(dtype: torch.dtype) -> None:
+    # Logits, not tokens: in half precision the toy model's near-tied logits would make
+    # greedy tokens flip on rounding noise.
+    model = random_model(tiny_config(num_kv_heads=1), seed=0, dtype=dtype, device=DEVICE)
+    prompts = [p for p in PROMPTS if len(p) > 1]
+    lengths = [len(p) for p in prompts]
+    expected = model.next_token_logits(
+        [t for p in prompts for t in p], [i for n in lengths for i in range(n)],
+        lambda layer, q, k, v: packed_causal_attention(q, k, v, lengths), last_of=lengths)
+    pool = BlockPool(16, 4, num_kv_heads=1, head_dim=model.config.head_dim,
+                     num_layers=model.config.num_layers, dtype=dtype, device=DEVICE)
+    manager, ids = PagedKVManager(pool), [f"s{i}" for i in range(len(prompts))]
+    for seq_id, n in zip(ids, lengths, strict=True):  # prefill all but the last token
+        manager.add_sequence(seq_id, n - 1)
+    slots = [s for i, n in zip(ids, lengths, strict=True)
+             for s in manager.slot_mapping(i, range(n - 1))]
+    model.next_token_logits([t for p in prompts for t in p[:-1]],
+                            [i for n in lengths for i in range(n - 1)],
+                            PagedPrefill(pool, slots, [n - 1 for n in lengths]))
+    for seq_id in ids:
+        manager.append_tokens(seq_id)
+    slots = [manager.slot_mapping(i, [n - 1])[0] for i, n in zip(ids, lengths, strict=True)]
+    table, seq_lens = manager.batch_tables(ids, device=DEVICE)
+    got = model.next_token_logits([p[-1] for p in prompts], [n - 1 for n in lengths],
+                                  PagedDecode(pool, slots, table, seq_lens, "triton"))
+    tolerance = LOGIT_TOLERANCE[dtype]
+    torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
 
 
 def test_preemption_under_a_tiny_budget_loses_nothing(model, plain) -> None:
@@ -303,3 +343,9 @@ def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "paged/contiguous" in out and "tok/s" in out
+
+
+def test_bench_refuses_a_bad_request_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_main(["--smoke", "--requests", "0"])
+    assert "--requests: must be an integer from 1" in capsys.readouterr().err

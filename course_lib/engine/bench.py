@@ -24,7 +24,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -62,6 +62,8 @@ class BenchSetup:
 
 MAX_THREADS = 1024
 """Most torch CPU threads ``--threads`` accepts."""
+MAX_REQUESTS = 4096
+"""Most requests one measurement may take (the GPU setup uses 256)."""
 
 SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
                    batches=(4,))
@@ -181,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="default: triton on a CUDA GPU, torch on a CPU")
     parser.add_argument("--threads", type=integer(1, MAX_THREADS), default=None,
                         help="torch CPU threads (1 gives steadier timings on a busy machine)")
+    parser.add_argument("--requests", type=integer(1, MAX_REQUESTS), default=None,
+                        help="requests per measurement (default 6 smoke, 32 CPU, 256 GPU)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -188,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
     decode_attention: DecodeAttention = args.decode_attention or ("triton" if cuda else "torch")
     setup = SMOKE if args.smoke else GPU if cuda else CPU
+    if args.requests is not None:
+        setup = replace(setup, requests=args.requests)
     if args.model:
         reason = _unloadable(args.model)
         if reason:
