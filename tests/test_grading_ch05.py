@@ -121,7 +121,8 @@ def admit_by_budget(waiting: list[int], free_blocks: int, block_size: int, num_r
         blocks = length // block_size + 1
         if seats < 1 or length > tokens or blocks > free_blocks:
             break
-        seats, tokens, free_blocks, count = seats - 1, tokens - length, free_blocks - blocks, count + 1
+        seats, tokens, free_blocks = seats - 1, tokens - length, free_blocks - blocks
+        count += 1
     return count
 
 

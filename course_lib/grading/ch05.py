@@ -128,7 +128,8 @@ def _admit_cases() -> list[Case]:
               lambda fn, a=a: fn(list(a[0]), *a[1:]), admitted_count(*a), hint)
         for a, hint in settings
     ]
-    for args, what in ((([10], 4, 0, 0, 0), "block_size=0"), (([10], -1, 16, 0, 0), "free_blocks=-1"),
+    for args, what in ((([10], 4, 0, 0, 0), "block_size=0"),
+                       (([10], -1, 16, 0, 0), "free_blocks=-1"),
                        (([10, 0], 4, 16, 0, 0), "a waiting length of 0")):
         cases.append(_case(f"fn(waiting={args[0]}, free_blocks={args[1]}, block_size={args[2]}, "
                            f"num_running=0, step_tokens=0)  # {what}",
@@ -352,14 +353,14 @@ def running_sets() -> list[tuple[list[tuple[Request, int]], int, int]]:
         return Request(rid, 10, 10, arrival=arrival, priority=priority), length
 
     return [
-        ([r(0, 17), r(1, 30), r(2, 5)], 0, 16),                               # nobody is full
-        ([r(0, 32), r(1, 16), r(2, 20)], 2, 16),                              # two needs, two free
-        ([r(0, 32), r(1, 16), r(2, 20)], 1, 16),                              # one short
-        ([r(0, 16), r(1, 48), r(2, 33), r(3, 64)], 0, 16),                    # the victim's own need
-        ([r(0, 8), r(1, 8), r(2, 8), r(3, 1)], 0, 8),                          # a tiny victim first
+        ([r(0, 17), r(1, 30), r(2, 5)], 0, 16),  # nobody is full
+        ([r(0, 32), r(1, 16), r(2, 20)], 2, 16),  # two need a block, two are free
+        ([r(0, 32), r(1, 16), r(2, 20)], 1, 16),  # one short
+        ([r(0, 16), r(1, 48), r(2, 33), r(3, 64)], 0, 16),
+        ([r(0, 8), r(1, 8), r(2, 8), r(3, 1)], 0, 8),  # a victim that frees one block
         ([r(0, 4, 0, 2), r(1, 8, 1, 0), r(2, 3, 2, 1), r(3, 12, 3, 0)], 0, 4),
         ([r(5, 12, 1, 1), r(6, 8, 2, 1), r(7, 16, 0, 0), r(8, 4, 2, 1)], 0, 4),
-        ([r(0, 15, 0, 0), r(1, 16, 1, 0)], 0, 16),                            # 15 tokens need nothing
+        ([r(0, 15, 0, 0), r(1, 16, 1, 0)], 0, 16),  # 15 tokens need no new block
         ([r(0, 1, 0, 0)], 0, 1),
         ([], 0, 16),
     ]
