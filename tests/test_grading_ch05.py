@@ -402,7 +402,7 @@ MISTAKES = [  # (exercise, answer, evidence in the report)
     ("05.choose_victim", victim(lambda r: r.priority), "Request(6, arrival=9"),
     ("05.choose_victim", lambda running: running[-1].id, "Request(1, arrival=0"),
     ("05.choose_victim", lambda running: max(running, key=lambda r: (r.priority, r.arrival)),
-     "a Request object"),
+     "a Request, not plain data"),
     ("05.recompute_tokens", recomputing("whole_cache"), "cached_blocks=56"),
     ("05.recompute_tokens", recomputing("prompt_only"), "generated=14"),
     ("05.recompute_tokens", recomputing("floor_length"), "fn(prompt_len=880, generated=16"),

@@ -43,11 +43,13 @@ PLAIN = (type(None), bool, int, float, str)
 def _plain(value: Any) -> Any:
     """``value`` if it is plain data (lists and tuples of plain data included), else a
     string naming what it is, which no expected value equals."""
-    if isinstance(value, PLAIN) and type(value) in PLAIN:
+    if type(value) in PLAIN:
         return value
     if type(value) in (list, tuple):
         return type(value)(_plain(item) for item in value)
-    return f"a {type(value).__name__} object ({value!r:.60})"
+    text = repr(value)
+    return f"a {type(value).__name__}, not plain data: " + (
+        text if len(text) <= 60 else text[:57] + "...")
 
 
 def _strict_equal(got: Any, expected: Any) -> bool:
@@ -150,9 +152,8 @@ def priority_victim(running: Sequence[Request]) -> int:
 
 
 def _victim_cases() -> list[Case]:
-    hint = ("the victim is the least important request: a larger priority number means less "
-            "important; among those, the one that arrived last; and if that still ties, the "
-            "one vLLM meets first in the running list")
+    hint = ("compare the requests on importance first (a larger number is less important), "
+            "then on arrival; work out by hand which one goes when two are equal in both")
 
     def req(rid: int, arrival: int, priority: int = 0) -> Request:
         return Request(rid, 10, 10, arrival=arrival, priority=priority)
@@ -241,8 +242,8 @@ def _swap_cases() -> list[Case]:
          "a request that fits is kept, and the space in use says so"),
         (10, [("swap_out", 1, 4), ("swap_out", 2, 8), ("holds", 2), ("used",),
               ("swap_out", 3, 6), ("used",), ("swap_out", 4, 1), ("holds", 4)],
-         "a request is kept whole or not at all (the caller recomputes it instead); "
-         "space is space, to the last block"),
+         "a request is kept whole or not at all (the caller recomputes it instead); check "
+         "the edge where a request needs exactly the space that is left"),
         (10, [("swap_out", 1, 7), ("swap_in", 1), ("used",), ("swap_out", 2, 10), ("used",),
               ("holds", 1)],
          "what comes back in no longer occupies the CPU side"),
