@@ -150,6 +150,29 @@ class Scheduler:
         else:
             self._fifo.append(index)
 
+    def add(self, request: Request) -> int:
+        """Register one more request (an online arrival) and queue it; returns its index."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a workload Request, got {request!r}")
+        index = len(self._keys)
+        self._keys.append((request.priority, request.arrival, index))
+        self.arrive(index)
+        return index
+
+    def withdraw(self, index: int) -> None:
+        """Take a waiting request out of the queue (it was aborted)."""
+        if self.config.policy == "priority":
+            entries = [e for e in self._heap if e[2] != index]
+            if len(entries) == len(self._heap):
+                raise ValueError(f"request {index!r} is not waiting")
+            heapq.heapify(entries)
+            self._heap = entries
+        else:
+            try:
+                self._fifo.remove(index)
+            except ValueError:
+                raise ValueError(f"request {index!r} is not waiting") from None
+
     def requeue(self, index: int) -> None:
         """A preempted request goes back to the front of the waiting queue (under
         ``"priority"``, back into priority order)."""
@@ -185,6 +208,14 @@ class Scheduler:
         return index
 
     # --- running ---------------------------------------------------------------------------
+
+    def claim_order(self) -> list[int]:
+        """The running requests, most protected first: the reverse of the order in which
+        ``victim`` would pick them, so a request is never preempted after it has claimed
+        its memory for the step."""
+        if self.config.policy == "fcfs":
+            return list(self.running)
+        return sorted(self.running, key=self._keys.__getitem__)
 
     def victim(self) -> int:
         """The running request to preempt: the newest under ``"fcfs"``; under

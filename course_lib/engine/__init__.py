@@ -8,7 +8,7 @@ both.
 """
 
 from course_lib.engine.contiguous import generate
-from course_lib.engine.engine import EngineStats, PagedEngine, StepReport
+from course_lib.engine.engine import EngineStats, PagedEngine, RequestUpdate, StepReport
 from course_lib.engine.loading import config_from_hf, from_hf, load_pretrained
 from course_lib.engine.model import (
     Attention,
@@ -19,7 +19,7 @@ from course_lib.engine.model import (
     random_model,
     tiny_config,
 )
-from course_lib.engine.paged_forward import DecodeAttention, PagedDecode, PagedPrefill
+from course_lib.engine.paged_forward import DecodeAttention, PagedBatch, PagedDecode
 from course_lib.engine.requests import GenerationRequest, RequestOutput
 from course_lib.engine.sampling import SamplingParams, sample_token
 
@@ -31,10 +31,11 @@ __all__ = [
     "Llama3RopeScaling",
     "LlamaModel",
     "ModelConfig",
+    "PagedBatch",
     "PagedDecode",
     "PagedEngine",
-    "PagedPrefill",
     "RequestOutput",
+    "RequestUpdate",
     "SamplingParams",
     "StepReport",
     "config_from_hf",
