@@ -171,22 +171,15 @@ class PrefixCachingKVManager(PagedKVManager):
     Only sequences added with ``token_ids`` take part (a hash needs the tokens). As in
     vLLM, at least the last prompt token is always computed, so a hit covers at most
     ``len(token_ids) - 1`` tokens.
-
-    With ``cache_when_computed`` a block is cached only once the caller says its K/V are
-    written (``mark_computed``), as a serving engine needs: a block whose slots are claimed
-    but not yet computed (a chunked prefill, a failed step) must never be found.
     """
 
     pool: PrefixCachingBlockPool
 
-    def __init__(self, pool: PrefixCachingBlockPool, *, cache_when_computed: bool = False) -> None:
+    def __init__(self, pool: PrefixCachingBlockPool) -> None:
         """Manage sequences over a prefix-caching pool."""
         if not isinstance(pool, PrefixCachingBlockPool):
             raise ValueError(f"prefix caching needs a PrefixCachingBlockPool, got {pool!r}")
-        if not isinstance(cache_when_computed, bool):
-            raise ValueError(f"cache_when_computed must be a bool, got {cache_when_computed!r}")
         super().__init__(pool)
-        self.cache_when_computed = cache_when_computed
         self._salts: dict[str, str | None] = {}
         self._hashes: dict[str, list[BlockHash]] = {}
         self._queries = self._query_tokens = self._hit_tokens = 0
@@ -220,8 +213,7 @@ class PrefixCachingKVManager(PagedKVManager):
         self._install(seq_id, hit + [self.pool.allocate() for _ in range(fresh)], length, ids)
         self._salts[seq_id] = cache_salt
         self._hashes[seq_id] = []
-        if not self.cache_when_computed:
-            self._cache_full_blocks(seq_id)
+        self._cache_full_blocks(seq_id)
         hit_tokens = len(hit) * self.block_size
         self._queries += 1
         self._query_tokens += length
@@ -233,18 +225,8 @@ class PrefixCachingKVManager(PagedKVManager):
     ) -> None:
         """Extend as ``PagedKVManager`` does, then cache the blocks that just filled."""
         super().append_tokens(seq_id, num_tokens, token_ids=token_ids)
-        if seq_id in self._hashes and not self.cache_when_computed:
-            self._cache_full_blocks(seq_id)
-
-    def mark_computed(self, seq_id: str, num_tokens: int) -> None:
-        """Cache the full blocks among the first ``num_tokens`` tokens of ``seq_id``, whose
-        K/V are now written (only needed with ``cache_when_computed``)."""
-        check_int("num_tokens", num_tokens, 0)
-        if num_tokens > self.seq_len(seq_id):
-            raise ValueError(f"num_tokens={num_tokens} is beyond sequence {seq_id!r} "
-                             f"(length {self.seq_len(seq_id)})")
         if seq_id in self._hashes:
-            self._cache_full_blocks(seq_id, num_tokens)
+            self._cache_full_blocks(seq_id)
 
     def fork(self, parent: str, child: str) -> None:
         """Fork as ``PagedKVManager`` does; the child continues the parent's hash chain."""
@@ -265,16 +247,14 @@ class PrefixCachingKVManager(PagedKVManager):
             self._queries, self._query_tokens, self._hit_tokens, self.pool.num_evictions
         )
 
-    def _cache_full_blocks(self, seq_id: str, num_tokens: int | None = None) -> None:
-        """Hash the newly full blocks of ``seq_id`` (of its first ``num_tokens`` tokens, or
-        all) and register them in the pool."""
+    def _cache_full_blocks(self, seq_id: str) -> None:
+        """Hash the newly full blocks of ``seq_id`` and register them in the pool."""
         seq = self._seqs[seq_id]
         assert seq.token_ids is not None
         hashes = self._hashes[seq_id]
         done = len(hashes)
-        tokens = seq.token_ids if num_tokens is None else seq.token_ids[:num_tokens]
         hashes[:] = block_hashes(
-            tokens, self.block_size, cache_salt=self._salts[seq_id], known=hashes
+            seq.token_ids, self.block_size, cache_salt=self._salts[seq_id], known=hashes
         )
         for index in range(done, len(hashes)):
             self.pool.cache_block(seq.table[index], hashes[index])

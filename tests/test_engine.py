@@ -306,3 +306,6 @@ def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "paged/contiguous" in out and "tok/s" in out
+    off, on = (line.split() for line in out.splitlines()[-2:])
+    assert (off[0], on[0]) == ("off", "on") and off[2] == "0" and int(on[2]) > 0
+    assert int(on[1]) + int(on[2]) == int(off[1])  # every cached token is one not computed

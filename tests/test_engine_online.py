@@ -136,6 +136,9 @@ def test_shared_system_prompt_is_computed_once(model) -> None:
     saved = 3 * (len(SYSTEM) // 4 * 4)
     assert warm.stats().cached_tokens == saved
     assert cold.stats().prefill_tokens - warm.stats().prefill_tokens == saved
+    together = engine_for(model, blocks=40, caching=True, budget=None)
+    assert [o.token_ids for o in together.generate(prompts, GREEDY)] == expected
+    assert together.stats().cached_tokens == saved  # shared within the step that computes it
 
 
 def test_a_fully_cached_prompt_recomputes_its_last_token(model) -> None:

@@ -22,9 +22,13 @@ One :meth:`PagedEngine.step` is one iteration of continuous batching:
    samples prefills its prompt once; then its samples fork the prompt's blocks.
 4. **finish**: finished samples free their blocks at once; a finished request leaves.
 
-Blocks are cached only after the pass that computes them succeeds, and a step that raises
-(the kernel, the model, the sampler) is rolled back completely: the engine is left
-exactly as it was before the step, so the caller can retry it.
+A block is cached (hashed into chapter 04's chain) when the step that computes it claims
+its last slot, so a request admitted in the same step can already share it: the pass
+writes every chunk's K/V into the pool before any attention reads it. A prompt's
+unscheduled chunks are not in the block table yet, so they are never found too early. A
+step that raises (the kernel, the model, the sampler) is rolled back completely: the
+engine is left exactly as it was before the step (cache included), so the caller can
+retry it.
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ class PagedEngine:
         self.manager: PagedKVManager
         if prefix_caching:
             self.pool: BlockPool = PrefixCachingBlockPool(num_blocks, block_size, **kv)
-            self.manager = PrefixCachingKVManager(self.pool, cache_when_computed=True)
+            self.manager = PrefixCachingKVManager(self.pool)
         else:
             self.pool = BlockPool(num_blocks, block_size, **kv)
             self.manager = PagedKVManager(self.pool)
@@ -458,15 +462,13 @@ class PagedEngine:
                                             last_of=[c.count for c in chunks])
 
     def _sample(self, chunks: list[_Chunk], logits: torch.Tensor) -> dict[str, int]:
-        """Advance each chunk's sequence, cache its computed blocks, and draw the next token
-        of every sample now fully computed (forking a fresh request's samples first)."""
+        """Advance each chunk's sequence and draw the next token of every sample now fully
+        computed (forking a fresh request's samples first)."""
         eos = self.model.config.eos_token_ids
         new_tokens: dict[str, int] = {}
         for chunk, row in zip(chunks, logits, strict=True):
             request, sample = chunk.request, chunk.sample
             sample.computed = chunk.start + chunk.count
-            if isinstance(self.manager, PrefixCachingKVManager):
-                self.manager.mark_computed(sample.seq_id, sample.computed)
             if sample.computed < len(sample.tokens):
                 continue
             targets = [sample]
