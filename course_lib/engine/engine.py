@@ -33,7 +33,7 @@ retry it.
 
 from __future__ import annotations
 
-import copy
+import pickle
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -536,18 +536,18 @@ class PagedEngine:
     # --- all or nothing --------------------------------------------------------------------
 
     def _checkpoint(self) -> dict[str, Any]:
-        """Everything a step can change, except the K/V tensors (see ``_save_evicted``)."""
-        return {
-            "pool": {k: copy.deepcopy(v) for k, v in vars(self.pool).items() if k != "_kv"},
-            "manager": {k: copy.deepcopy(v) for k, v in vars(self.manager).items()
-                        if k != "pool"},
-            "scheduler": copy.deepcopy(vars(self._scheduler)),
-            "requests": {i: copy.deepcopy(self._requests[i]) for i in self._unfinished},
-            "engine": copy.deepcopy({"_unfinished": self._unfinished,
-                                     "_totals": self._totals,
-                                     "step_index": self.step_index}),
-            "cached_free": self._cached_free_blocks(),
+        """Everything a step can change, pickled (a deep copy, faster than ``deepcopy``),
+        except the K/V tensors (see ``_save_evicted``)."""
+        state = {
+            "pool": {k: v for k, v in vars(self.pool).items() if k != "_kv"},
+            "manager": {k: v for k, v in vars(self.manager).items() if k != "pool"},
+            "scheduler": vars(self._scheduler),
+            "requests": {i: self._requests[i] for i in self._unfinished},
+            "engine": {"_unfinished": self._unfinished, "_totals": self._totals,
+                       "step_index": self.step_index},
         }
+        return {"state": pickle.dumps(state, pickle.HIGHEST_PROTOCOL),
+                "cached_free": self._cached_free_blocks()}
 
     def _cached_free_blocks(self) -> list[int]:
         """Free blocks that still hold a cached prefix."""
@@ -576,12 +576,13 @@ class PagedEngine:
             index = torch.tensor(evicted, device=self.pool.kv_cache(0).device)
             for layer, kv in enumerate(saved):
                 self.pool.kv_cache(layer)[index] = kv
-        vars(self.pool).update(checkpoint["pool"])
-        vars(self.manager).update(checkpoint["manager"])
-        vars(self._scheduler).update(checkpoint["scheduler"])
-        for index, request in checkpoint["requests"].items():
+        state = pickle.loads(checkpoint["state"])
+        vars(self.pool).update(state["pool"])
+        vars(self.manager).update(state["manager"])
+        vars(self._scheduler).update(state["scheduler"])
+        for index, request in state["requests"].items():
             self._requests[index] = request
-        vars(self).update(checkpoint["engine"])
+        vars(self).update(state["engine"])
 
 
 def _compute_sequences(request: PreparedRequest) -> list[Sample]:
