@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,6 +227,25 @@ class Scheduler:
         while -self._victims[0][2] not in self.running:  # drop finished or preempted ones
             heapq.heappop(self._victims)
         return -self._victims[0][2]
+
+    def preempt_until(self, index: int, fits: Callable[[], bool],
+                      preempt: Callable[[int], None]) -> list[int]:
+        """The preemption loop both step loops share (the simulator's and the engine's).
+
+        While ``fits()`` says running request ``index`` cannot claim its memory, name a
+        ``victim`` and have ``preempt(victim)`` free and requeue it, stopping after ``index``
+        itself is the victim; returns the victims in order.
+        """
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
+        victims: list[int] = []
+        while not fits():
+            victim = self.victim()
+            preempt(victim)
+            victims.append(victim)
+            if victim == index:
+                break
+        return victims
 
     def stop(self, index: int) -> None:
         """Remove a finished or preempted request from the running set."""

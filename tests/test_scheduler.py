@@ -287,3 +287,26 @@ def test_token_budget_delays_a_second_prefill() -> None:
                       record="steps")
     assert result.timeline.batch.tolist() == [1, 2, 2, 1]  # 10 + 10 > 16; then 1 + 10 fits
     assert result.p50_ttft == pytest.approx((0.025 + 0.05) / 2)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preempt_until_frees_victims_until_the_claim_fits(policy: str) -> None:
+    scheduler = Scheduler(SchedulerConfig(policy=policy), TRACE)
+    admit_all(scheduler)
+    free = [0]
+    freed: list[int] = []
+
+    def preempt(victim: int) -> None:
+        scheduler.stop(victim)
+        scheduler.requeue(victim)
+        freed.append(victim)
+        free[0] += 1
+
+    order = scheduler.claim_order()
+    assert scheduler.preempt_until(order[0], lambda: free[0] >= 2, preempt) == freed
+    assert freed == [order[-1], order[-2]]  # the least protected go first
+    last = scheduler.claim_order()[-1]
+    victims = scheduler.preempt_until(last, lambda: False, preempt)
+    assert victims == [last]  # the claimant itself was the victim: stop there
+    with pytest.raises(ValueError, match="is not running"):
+        scheduler.preempt_until(last, lambda: True, preempt)

@@ -336,12 +336,14 @@ class PagedEngine:
             if index not in scheduler.running or budget == 0:
                 continue
             plan = self._plan(self._requests[index], budget)
-            while plan and self._blocks_for(plan) > self.pool.num_free:
-                victim = scheduler.victim()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim == index:
-                    plan = []
+            if not plan:
+                continue
+            victims = scheduler.preempt_until(
+                index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free,
+                self._preempt)
+            preempted += victims
+            if index in victims:
+                continue
             self._claim(plan)
             chunks += plan
             budget -= sum(c.count for c in plan)
