@@ -262,6 +262,8 @@ def engine_state(engine: PagedEngine) -> tuple:
         engine.stats(), engine.step_index,
         [(s.tokens[:], s.computed, s.finish_reason) for r in engine._requests
          for s in r.samples],
+        [pool.kv_cache(layer)[b].tolist() for layer in range(engine.model.config.num_layers)
+         for b in range(1, pool.num_blocks) if engine.prefix_caching and pool.block_hash(b)],
     )
 
 
@@ -347,3 +349,61 @@ def test_refused_calls_change_nothing(model) -> None:
     assert engine.done and engine.add_request([1, 2], GREEDY) == 0
     with pytest.raises(ValueError, match="either to every GenerationRequest"):
         engine.add_request(GenerationRequest([1]), GREEDY)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(data=st.data(), caching=st.booleans(), chunked=st.booleans(),
+       policy=st.sampled_from(["fcfs", "priority"]), budget=st.sampled_from([None, 4, 11]),
+       block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 4))
+def test_any_schedule_gives_contiguous_outputs(model, data, caching, chunked, policy, budget,
+                                               block_size, spare) -> None:
+    """Random prompts (some sharing a prefix), arrivals, priorities and samples, under every
+    combination of caching, chunking, policy, budget and a tight pool: the outputs are
+    ordinary generation's, every step keeps the budget, and the pool drains."""
+    count = data.draw(st.integers(1, 5))
+    prompts = [data.draw(st.sampled_from([[], SYSTEM[:5]])) +
+               data.draw(st.lists(st.integers(0, 127), min_size=1, max_size=6))
+               for _ in range(count)]
+    params = SamplingParams(max_tokens=data.draw(st.integers(1, 4)), n=data.draw(
+        st.integers(1, 2)), temperature=1.0, seed=2)
+    if budget is not None and not chunked:
+        budget = max(budget, max(len(p) for p in prompts) + params.max_tokens)
+    longest = max(len(p) for p in prompts) + params.max_tokens
+    blocks = params.n * -(-longest // block_size) + spare + 1
+    engine = PagedEngine(model, num_blocks=blocks, block_size=block_size,
+                         decode_attention="torch", prefix_caching=caching,
+                         chunked_prefill=chunked,
+                         scheduler=SchedulerConfig(policy=policy,
+                                                   max_num_batched_tokens=budget))
+    arrivals = sorted(data.draw(st.integers(0, 4)) for _ in prompts)
+    requests = [GenerationRequest(p, params, priority=data.draw(st.integers(0, 2)))
+                for p in prompts]
+    got = serve_online(engine, requests, None, arrivals)
+    assert got == [o.token_ids for o in generate(model, prompts, params)]
+    assert engine.pool.num_used == 0 and not engine.manager.sequences
+
+
+def test_a_failed_step_gives_back_the_cached_blocks_it_overwrote(model, monkeypatch) -> None:
+    cached_prompt = list(range(1, 10))  # two full blocks of 4 stay cached after it finishes
+    engine = engine_for(model, blocks=6, caching=True, budget=None)  # 5 usable blocks
+    (first,) = engine.generate([cached_prompt], SamplingParams(max_tokens=2))
+    evicting = engine.add_request(list(range(60, 76)), SamplingParams(max_tokens=1))
+    mlp = type(model.layers[1].mlp)
+    monkeypatch.setattr(mlp, "forward", failing_on(0, mlp.forward))
+    evictions, pool = engine.pool.num_evictions, engine.pool
+    cached = [b for b in range(1, pool.num_blocks) if pool.block_hash(b) is not None]
+    kv_before = [pool.kv_cache(layer)[cached].clone() for layer in range(2)]
+    with pytest.raises(Injected):
+        engine.step()  # its prefill took (and wrote) cached blocks before failing
+    monkeypatch.undo()
+    assert pool.num_evictions == evictions  # rolled back: still cached, K/V as they were
+    assert [b for b in range(1, pool.num_blocks) if pool.block_hash(b) is not None] == cached
+    for layer, kv in enumerate(kv_before):
+        assert torch.equal(pool.kv_cache(layer)[cached], kv)
+    engine.abort(evicting)
+    again = engine.add_request(cached_prompt, SamplingParams(max_tokens=2))
+    report = engine.step()
+    assert report.cached_tokens == 8
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.outputs()[again].token_ids == first.token_ids

@@ -559,12 +559,11 @@ class PagedEngine:
         return [b for b in pool.free_blocks() if pool.block_hash(b) is not None]
 
     def _save_evicted(self, cached_free: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """Copies of the K/V of the cached blocks this step evicts (it overwrites them; a
-        rolled-back step gives them back, still cached)."""
+        """Copies of the K/V of the free cached blocks this step took: evicted ones are
+        overwritten, and a rolled-back step gives them back still cached (a block taken as
+        a cache hit is only read, so its copy is merely unneeded)."""
         pool = self.pool
-        evicted = [b for b in cached_free
-                   if isinstance(pool, PrefixCachingBlockPool) and pool.ref_count(b)
-                   and pool.block_hash(b) is None]
+        evicted = [b for b in cached_free if pool.ref_count(b)]
         if not evicted:
             return [], []
         index = torch.tensor(evicted, device=pool.kv_cache(0).device)
