@@ -26,6 +26,9 @@ from course_lib.engine import (
     random_model,
     tiny_config,
 )
+from course_lib.engine.core import ServingCore
+from course_lib.engine.requests import prepare_request
+from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
 
 GREEDY = SamplingParams(max_tokens=5)
@@ -233,7 +236,7 @@ def test_any_add_abort_step_sequence_drains_without_a_leak(model, ops, caching, 
         if op == "add":
             engine.add_request([*SYSTEM[:1 + value % 9], value], params)
         elif op == "abort" and engine.has_unfinished:
-            unfinished = list(engine._unfinished)
+            unfinished = list(engine.unfinished)
             request_id = unfinished[value % len(unfinished)]
             engine.abort(request_id)
             aborted.add(request_id)
@@ -260,7 +263,7 @@ def engine_state(engine: PagedEngine) -> tuple:
         pool.free_blocks(),
         [pool.ref_count(b) for b in range(pool.num_blocks)],
         engine.stats(), engine.step_index,
-        [(s.tokens[:], s.computed, s.finish_reason) for r in engine._requests
+        [(s.tokens[:], s.computed, s.finish_reason) for r in engine.core.requests
          for s in r.samples],
         [pool.kv_cache(layer)[b].tolist() for layer in range(engine.model.config.num_layers)
          for b in range(1, pool.num_blocks) if engine.prefix_caching and pool.block_hash(b)],
@@ -407,3 +410,42 @@ def test_a_failed_step_gives_back_the_cached_blocks_it_overwrote(model, monkeypa
     while engine.has_unfinished:
         engine.step()
     assert engine.outputs()[again].token_ids == first.token_ids
+
+
+def test_the_core_schedules_without_a_model_exactly_as_in_the_engine(model) -> None:
+    """The simulator's view of the engine: ``ServingCore`` over a pool with no K/V tensors,
+    fed the tokens the engine drew, schedules the same chunks, preempts the same requests
+    and holds the same block tables and free queue after every step."""
+    prompts = prompts_with_system(5, seed=7)
+    params = SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=5)
+    config = SchedulerConfig(max_num_batched_tokens=7)
+    engine = PagedEngine(model, num_blocks=12, block_size=4, decode_attention="torch",
+                         prefix_caching=True, scheduler=config)
+    core = ServingCore(config, PrefixCachingBlockPool(12, 4))
+    assert not core.pool.owns_kv
+    arrivals = {0: prompts[:2], 1: prompts[2:3], 3: prompts[3:]}
+    step = preemptions = 0
+    while step in arrivals or engine.has_unfinished or step < max(arrivals):
+        for prompt in arrivals.get(step, ()):
+            engine.add_request(prompt, params)
+            request = prepare_request(len(core.requests), prompt, params, model.config, None)
+            core.check_fits(request)
+            core.add(request)
+        step += 1
+        if not engine.has_unfinished:
+            continue
+        report = engine.step()
+        drawn = {engine.core.requests[u.request_id].samples[k].seq_id: ids[0]
+                 for u in report.updates for k, ids in enumerate(u.new_token_ids) if ids}
+        schedule = core.schedule()
+        assert [(c.sample.seq_id, c.count) for c in schedule.chunks] == list(report.scheduled)
+        assert schedule.preempted == report.preempted
+        new = core.advance(schedule, lambda i, r, s, drawn=drawn: r.append_token(
+            s, drawn[s.seq_id], ()))
+        core.retire(new)
+        assert new == drawn
+        assert {s: core.manager.block_table(s) for s in core.manager.sequences} == {
+            s: engine.manager.block_table(s) for s in engine.manager.sequences}
+        assert core.pool.free_blocks() == engine.pool.free_blocks()
+        preemptions += len(report.preempted)
+    assert preemptions > 0 and not core.unfinished and core.pool.num_used == 0

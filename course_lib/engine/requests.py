@@ -93,7 +93,11 @@ class PreparedRequest:
                   eos_token_ids: Sequence[int]) -> None:
         """Sample the next token of ``sample`` from ``logits`` ``[vocab]`` and decide whether
         it is done (an end-of-sequence token, or ``max_tokens`` generated)."""
-        token = sample_token(logits, self.params, sample.generator)
+        self.append_token(sample, sample_token(logits, self.params, sample.generator),
+                          eos_token_ids)
+
+    def append_token(self, sample: Sample, token: int, eos_token_ids: Sequence[int]) -> None:
+        """Append a chosen ``token`` to ``sample`` and decide whether it is done."""
         sample.tokens.append(token)
         if token in eos_token_ids and not self.params.ignore_eos:
             sample.finish_reason = "stop"
