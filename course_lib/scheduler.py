@@ -5,8 +5,10 @@ the paged pool runs out, preempt the newest running request and recompute it lat
 Chapter 05 grows it into vLLM's: continuous batching under ``max_num_seqs`` and
 ``max_num_batched_tokens``, a priority policy, and swap as the other way back.
 
-The scheduler keeps order, never memory: the step loop in ``course_lib.simulator`` asks
-it which request to admit next and which one to preempt, and owns the allocator itself.
+The scheduler keeps order, never memory: the step loops in ``course_lib.simulator`` and
+in the engine's ``ServingCore`` ask it which request to admit next and which one to
+preempt (both through ``preempt_until``), and own the allocator themselves. Requests come
+in a trace given up front (the simulator) or one at a time (``add``, the online engine).
 """
 
 from __future__ import annotations

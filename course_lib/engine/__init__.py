@@ -1,13 +1,15 @@
 """The capstone: a small Llama-architecture model served from the paged KV cache.
 
 ``model`` is the decoder, ``loading`` brings Hugging Face weights into it, ``sampling``
-picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``engine`` is
-the serving loop around the course's scheduler, and ``contiguous`` is ordinary generation,
-the baseline the engine's outputs must equal. ``python -m course_lib.engine.bench`` times
+picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``core`` is the
+model-free half of serving (scheduling and block tables, as vLLM v1's scheduler and
+KV-cache manager), ``engine`` adds the model and sampling to it, and ``contiguous`` is
+ordinary generation, the baseline the engine's outputs must equal. ``python -m course_lib.engine.bench`` times
 both.
 """
 
 from course_lib.engine.contiguous import generate
+from course_lib.engine.core import Chunk, Schedule, ServingCore
 from course_lib.engine.engine import EngineStats, PagedEngine, RequestUpdate, StepReport
 from course_lib.engine.loading import config_from_hf, from_hf, load_pretrained
 from course_lib.engine.model import (
@@ -25,6 +27,7 @@ from course_lib.engine.sampling import SamplingParams, sample_token
 
 __all__ = [
     "Attention",
+    "Chunk",
     "DecodeAttention",
     "EngineStats",
     "GenerationRequest",
@@ -37,6 +40,8 @@ __all__ = [
     "RequestOutput",
     "RequestUpdate",
     "SamplingParams",
+    "Schedule",
+    "ServingCore",
     "StepReport",
     "config_from_hf",
     "from_hf",
