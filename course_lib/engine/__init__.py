@@ -4,8 +4,8 @@
 picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``core`` is the
 model-free half of serving (scheduling and block tables, as vLLM v1's scheduler and
 KV-cache manager), ``engine`` adds the model and sampling to it, and ``contiguous`` is
-ordinary generation, the baseline the engine's outputs must equal. ``python -m course_lib.engine.bench`` times
-both.
+ordinary generation, the baseline the engine's outputs must equal.
+``python -m course_lib.engine.bench`` times both.
 """
 
 from course_lib.engine.contiguous import generate
