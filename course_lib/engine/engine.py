@@ -142,10 +142,8 @@ class PagedEngine:
         if scheduler.preemption != "recompute":
             raise ValueError(f"preemption {scheduler.preemption!r} is not implemented by the "
                              "engine; use 'recompute' (swap is modelled in the simulator)")
-        for name, flag in (("prefix_caching", prefix_caching),
-                           ("chunked_prefill", chunked_prefill)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be a bool, got {flag!r}")
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
         _check_decode_attention(model, decode_attention)
         config = model.config
         self.model, self.tokenizer = model, tokenizer
