@@ -5,15 +5,17 @@ the paged pool runs out, preempt the newest running request and recompute it lat
 Chapter 05 grows it into vLLM's: continuous batching under ``max_num_seqs`` and
 ``max_num_batched_tokens``, a priority policy, and swap as the other way back.
 
-The scheduler keeps order, never memory: the step loop in ``course_lib.simulator`` asks
-it which request to admit next and which one to preempt, and owns the allocator itself.
+The scheduler keeps order, never memory: the step loops in ``course_lib.simulator`` and
+in the engine's ``ServingCore`` ask it which request to admit next and which one to
+preempt (both through ``preempt_until``), and own the allocator themselves. Requests come
+in a trace given up front (the simulator) or one at a time (``add``, the online engine).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -160,6 +162,29 @@ class Scheduler:
         else:
             self._fifo.append(index)
 
+    def add(self, request: Request) -> int:
+        """Register one more request (an online arrival) and queue it; returns its index."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a workload Request, got {request!r}")
+        index = len(self._keys)
+        self._keys.append((request.priority, request.arrival, index))
+        self.arrive(index)
+        return index
+
+    def withdraw(self, index: int) -> None:
+        """Take a waiting request out of the queue (it was aborted)."""
+        if self.config.policy == "priority":
+            entries = [e for e in self._heap if e[2] != index]
+            if len(entries) == len(self._heap):
+                raise ValueError(f"request {index!r} is not waiting")
+            heapq.heapify(entries)
+            self._heap = entries
+        else:
+            try:
+                self._fifo.remove(index)
+            except ValueError:
+                raise ValueError(f"request {index!r} is not waiting") from None
+
     def requeue(self, index: int) -> None:
         """A preempted request goes back to the front of the waiting queue (under
         ``"priority"``, back into priority order)."""
@@ -203,6 +228,14 @@ class Scheduler:
 
     # --- running ---------------------------------------------------------------------------
 
+    def claim_order(self) -> list[int]:
+        """The running requests, most protected first: the reverse of the order in which
+        ``victim`` would pick them, so a request is never preempted after it has claimed
+        its memory for the step."""
+        if self.config.policy == "fcfs":
+            return list(self.running)
+        return sorted(self.running, key=self._keys.__getitem__)
+
     def victim(self) -> int:
         """The running request to preempt: the newest under ``"fcfs"``; under
         ``"priority"`` the lowest priority, latest arrival (then latest in the trace)."""
@@ -213,6 +246,25 @@ class Scheduler:
         while -self._victims[0][2] not in self.running:  # drop finished or preempted ones
             heapq.heappop(self._victims)
         return -self._victims[0][2]
+
+    def preempt_until(self, index: int, fits: Callable[[], bool],
+                      preempt: Callable[[int], None]) -> list[int]:
+        """The preemption loop both step loops share (the simulator's and the engine's).
+
+        While ``fits()`` says running request ``index`` cannot claim its memory, name a
+        ``victim`` and have ``preempt(victim)`` free and requeue it, stopping after ``index``
+        itself is the victim; returns the victims in order.
+        """
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
+        victims: list[int] = []
+        while not fits():
+            victim = self.victim()
+            preempt(victim)
+            victims.append(victim)
+            if victim == index:
+                break
+        return victims
 
     def stop(self, index: int) -> None:
         """Remove a finished or preempted request from the running set."""

@@ -707,13 +707,15 @@ class _Run:
             if next_grow[i] != t:
                 continue  # preempted earlier in this step
             block = grow(i)
-            while not block:
-                victim = self.scheduler.victim()
-                self._preempt(victim, t)
-                preempted = True
-                if victim == i:
-                    break
-                block = grow(i)
+            if not block:  # the pool is empty: the scheduler's shared preemption loop
+                claimed = [NULL_BLOCK]
+
+                def fits(i: int = i, claimed: list[int] = claimed) -> bool:
+                    claimed[0] = grow(i)
+                    return claimed[0] != NULL_BLOCK
+
+                self.scheduler.preempt_until(i, fits, lambda victim: self._preempt(victim, t))
+                preempted, block = True, claimed[0]
             if not block:
                 continue
             held = slots[i] = slots[i] + size

@@ -149,18 +149,19 @@ def test_sampled_parallel_requests_match_under_preemption(model) -> None:
 
 
 def test_priority_policy_arrivals_and_limits(model, plain) -> None:
-    requests = [GenerationRequest(p, GREEDY, arrival=3 * i, priority=-i)
-                for i, p in enumerate(PROMPTS)]
     config = SchedulerConfig(policy="priority", max_num_seqs=3, max_num_batched_tokens=20)
     engine = PagedEngine(model, num_blocks=9, block_size=4, scheduler=config,
                          decode_attention="torch")
     reports = []
-    engine.submit(requests)
-    while not engine.done:
+    for i, prompt in enumerate(PROMPTS):  # one arrives every third step, more important
+        engine.add_request(GenerationRequest(prompt, GREEDY, priority=-i))
+        reports += [engine.step() for _ in range(3) if engine.has_unfinished]
+    while engine.has_unfinished:
         reports.append(engine.step())
     assert token_ids(engine.outputs()) == token_ids(plain)
     assert [r.admitted for r in reports][:2] == [(0,), ()]
     assert max(r.decoded + len(r.admitted) for r in reports) <= 3
+    assert max(r.num_tokens for r in reports) <= 20
 
 
 def test_end_of_sequence_stops_a_sample(model) -> None:
@@ -319,12 +320,14 @@ def test_bad_engine_use(model) -> None:
                          scheduler=SchedulerConfig(max_num_batched_tokens=8))
     with pytest.raises(ValueError, match="nothing to run"):
         engine.step()
+    unchunked = PagedEngine(model, num_blocks=16, block_size=4, decode_attention="torch",
+                            scheduler=SchedulerConfig(max_num_batched_tokens=8),
+                            chunked_prefill=False)
     with pytest.raises(ValueError, match="prefill up to 9 tokens"):
-        engine.submit([[1, 2, 3, 4, 5]], GREEDY)
-    engine.submit([[1, 2]], GREEDY)
-    with pytest.raises(ValueError, match="still serving"):
-        engine.submit([[1, 2]], GREEDY)
-    with pytest.raises(ValueError, match="has not finished"):
+        unchunked.submit([[1, 2], [1, 2, 3, 4, 5]], GREEDY)
+    assert unchunked.done  # the whole batch was refused
+    engine.submit([[1, 2, 3, 4, 5]], GREEDY)  # chunked: fine
+    with pytest.raises(ValueError, match="have not finished"):
         engine.outputs()
     with pytest.raises(ValueError, match="either to every GenerationRequest or once"):
         generate(model, [GenerationRequest([1])], GREEDY)
@@ -343,6 +346,9 @@ def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "paged/contiguous" in out and "tok/s" in out
+    off, on = (line.split() for line in out.splitlines()[-2:])
+    assert (off[0], on[0]) == ("off", "on") and off[2] == "0" and int(on[2]) > 0
+    assert int(on[1]) + int(on[2]) == int(off[1])  # every cached token is one not computed
 
 
 def test_bench_refuses_a_bad_request_count(capsys: pytest.CaptureFixture[str]) -> None:

@@ -146,6 +146,61 @@ def test_no_request_is_lost_or_duplicated(policy: str, ops: list, priorities: li
                                                              trace[i].arrival, i))
 
 
+online_operations = st.lists(st.tuples(st.sampled_from(["add", "admit", "preempt", "finish",
+                                                         "withdraw"]),
+                                       st.integers(0, 3), st.integers(0, 10**6)), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=st.sampled_from(["fcfs", "priority"]), ops=online_operations)
+def test_online_requests_withdrawals_and_the_claim_order(policy: str, ops: list) -> None:
+    """Requests registered one at a time (``add``) and withdrawn while waiting: none is lost
+    or duplicated, and ``victim`` is always the last request in ``claim_order``."""
+    scheduler = Scheduler(SchedulerConfig(policy=policy), [])
+    keys: list[tuple[int, int, int]] = []
+    waiting, gone = set(), set()
+    for op, priority, pick in ops:
+        if op == "add":
+            index = scheduler.add(Request(len(keys), 1, 1, arrival=len(keys) // 2,
+                                          priority=priority))
+            assert index == len(keys)
+            keys.append((priority, len(keys) // 2, index))
+            waiting.add(index)
+        elif op == "admit" and waiting:
+            waiting.remove(scheduler.admit_next())
+        elif op == "withdraw" and waiting:
+            index = sorted(waiting)[pick % len(waiting)]
+            scheduler.withdraw(index)
+            waiting.remove(index)
+            gone.add(index)
+            with pytest.raises(ValueError, match="not waiting"):
+                scheduler.withdraw(index)
+        elif op in ("preempt", "finish") and scheduler.running:
+            index = (scheduler.victim() if op == "preempt"
+                     else sorted(scheduler.running)[pick % len(scheduler.running)])
+            scheduler.stop(index)
+            (waiting if op == "preempt" else gone).add(index)
+            if op == "preempt":
+                scheduler.requeue(index)
+        running = set(scheduler.running)
+        assert scheduler.num_waiting == len(waiting)
+        assert running | waiting | gone == set(range(len(keys)))
+        assert not (running & waiting) and not (running & gone)
+        order = scheduler.claim_order()
+        assert sorted(order) == sorted(running)
+        if running:
+            assert scheduler.victim() == order[-1]
+            if policy == "priority":
+                assert order == sorted(running, key=keys.__getitem__)
+
+
+def test_add_takes_only_workload_requests() -> None:
+    scheduler = Scheduler(SchedulerConfig(), [])
+    with pytest.raises(ValueError, match="workload Request"):
+        scheduler.add((1, 2))  # type: ignore[arg-type]
+    assert scheduler.num_waiting == 0
+
+
 # --- swap space ------------------------------------------------------------------------------
 
 
@@ -254,3 +309,26 @@ def test_token_budget_delays_a_second_prefill() -> None:
                       record="steps")
     assert result.timeline.batch.tolist() == [1, 2, 2, 1]  # 10 + 10 > 16; then 1 + 10 fits
     assert result.p50_ttft == pytest.approx((0.025 + 0.05) / 2)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preempt_until_frees_victims_until_the_claim_fits(policy: str) -> None:
+    scheduler = Scheduler(SchedulerConfig(policy=policy), TRACE)
+    admit_all(scheduler)
+    free = [0]
+    freed: list[int] = []
+
+    def preempt(victim: int) -> None:
+        scheduler.stop(victim)
+        scheduler.requeue(victim)
+        freed.append(victim)
+        free[0] += 1
+
+    order = scheduler.claim_order()
+    assert scheduler.preempt_until(order[0], lambda: free[0] >= 2, preempt) == freed
+    assert freed == [order[-1], order[-2]]  # the least protected go first
+    last = scheduler.claim_order()[-1]
+    victims = scheduler.preempt_until(last, lambda: False, preempt)
+    assert victims == [last]  # the claimant itself was the victim: stop there
+    with pytest.raises(ValueError, match="is not running"):
+        scheduler.preempt_until(last, lambda: True, preempt)

@@ -18,6 +18,7 @@ from course_lib.attention.canary import KernelCanaryError, run_canary
 from course_lib.attention.paged_decode import (
     LaunchConfig,
     choose_num_splits,
+    kernel_support_problem,
     launch_config,
     paged_attention_decode,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "describe_kernel_mode",
     "gather_paged_kv",
     "kernel_device",
+    "kernel_support_problem",
     "launch_config",
     "paged_attention_decode",
     "paged_attention_reference",

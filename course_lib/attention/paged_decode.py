@@ -116,21 +116,32 @@ def paged_attention_decode(
 
 def _check_kernel_support(q: torch.Tensor, shape: PagedShape) -> None:
     """What this kernel cannot do, beyond the general input contract."""
-    if q.dtype not in KERNEL_DTYPES:
-        raise ValueError(f"dtype {q.dtype} is not supported; use float16, bfloat16 or float32")
-    d = shape.head_dim
+    problem = kernel_support_problem(shape.head_dim, q.dtype, q.device)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def kernel_support_problem(head_dim: int, dtype: torch.dtype,
+                           device: str | torch.device) -> str | None:
+    """Why the decode kernel cannot run on ``head_dim``-wide heads of ``dtype`` tensors on
+    ``device`` here, or None when it can (an engine asks before it takes a model)."""
+    device = torch.device(device)
+    if dtype not in KERNEL_DTYPES:
+        return f"dtype {dtype} is not supported; use float16, bfloat16 or float32"
+    d = head_dim
     if d < 16 or d > 256 or d & (d - 1):
-        raise ValueError(f"head_dim {d} must be a power of two from 16 to 256")
-    if KERNEL_MODE == "cuda" and q.device.type != "cuda":
-        raise ValueError(f"tensors are on {q.device} but the kernels are compiled for CUDA")
-    if KERNEL_MODE == "interpreter" and q.device.type != "cpu":
-        raise ValueError(f"tensors are on {q.device} but the Triton interpreter needs CPU tensors")
-    if q.dtype == torch.bfloat16:
+        return f"head_dim {d} must be a power of two from 16 to 256"
+    if KERNEL_MODE == "cuda" and device.type != "cuda":
+        return f"tensors are on {device} but the kernels are compiled for CUDA"
+    if KERNEL_MODE == "interpreter" and device.type != "cpu":
+        return f"tensors are on {device} but the Triton interpreter needs CPU tensors"
+    if dtype == torch.bfloat16:
         if KERNEL_MODE == "interpreter":
-            raise ValueError("bfloat16 is computed wrongly by the Triton interpreter; use "
-                             "float16 or float32 on the CPU")
+            return ("bfloat16 is computed wrongly by the Triton interpreter; use "
+                    "float16 or float32 on the CPU")
         if not torch.cuda.is_bf16_supported():
-            raise ValueError(f"{torch.cuda.get_device_name(q.device)} does not support bfloat16")
+            return f"{torch.cuda.get_device_name(device)} does not support bfloat16"
+    return None
 
 
 def _launch(

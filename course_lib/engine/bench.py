@@ -10,7 +10,10 @@ its full length) with the same model, in the same run:
 
 Two sweeps: **memory budget** (KV slots, no batch limit), where paging fits more requests
 into the same memory, and **batch size** (a limit on concurrent requests, ample memory),
-where both fit the same batch and only the per-step cost differs. Throughput is generated
+where both fit the same batch and only the per-step cost differs. A third table puts the
+same requests behind one shared system prompt and runs the paged engine with **prefix
+caching** on and off: the prompt tokens it computes, those it takes from the cache, and
+tokens/s. Throughput is generated
 tokens per wall-clock second, prefill included. On a CUDA GPU the model runs in fp16 with
 the Triton kernel; on a CPU in fp32 with the torch gather reference for decode attention
 (``--decode-attention`` overrides), because the Triton interpreter measures Python, not
@@ -94,6 +97,16 @@ class BenchRow:
         return self.paged_tokens_per_s / self.contiguous_tokens_per_s
 
 
+@dataclass(frozen=True)
+class PrefixRow:
+    """The paged engine on requests sharing a system prompt, prefix caching on or off."""
+
+    prefix_caching: bool
+    tokens_per_s: float
+    prefill_tokens: int
+    cached_tokens: int
+
+
 def bench_requests(setup: BenchSetup, vocab_size: int) -> list[GenerationRequest]:
     """Seeded ragged requests (log-normal totals up to ``max_len``), replies at full length."""
     trace = generate_trace(setup.requests, seed=setup.seed, median_total=setup.median_total,
@@ -129,6 +142,41 @@ def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSe
                                                max_len=setup.max_len))
     return BenchRow(sweep, budget, max_batch, generated / paged_s, stats.avg_batch,
                     stats.preemptions, generated / contiguous_s if contiguous_s else None, rows)
+
+
+def prefix_requests(setup: BenchSetup, vocab_size: int) -> list[GenerationRequest]:
+    """The benchmark's requests behind one shared system prompt of ``median_total`` tokens."""
+    system = [(7 * i + 3) % vocab_size for i in range(setup.median_total)]
+    return [replace(r, prompt=[*system, *r.prompt])
+            for r in bench_requests(setup, vocab_size)]
+
+
+def run_prefix_bench(model: LlamaModel, setup: BenchSetup,
+                     decode_attention: DecodeAttention) -> list[PrefixRow]:
+    """The shared-prompt requests with prefix caching off, then on, in a pool that holds
+    them all (so only the cache differs)."""
+    requests = prefix_requests(setup, model.config.vocab_size)
+    generated = sum(r.params.max_tokens for r in requests)
+    blocks = sum(-(-(len(r.prompt) + r.params.max_tokens) // setup.block_size)
+                 for r in requests) + 1
+    rows = []
+    for caching in (False, True):
+        engine = PagedEngine(model, num_blocks=blocks, block_size=setup.block_size,
+                             decode_attention=decode_attention, prefix_caching=caching)
+        seconds = _timed(lambda engine=engine: engine.generate(requests))
+        stats = engine.stats()
+        rows.append(PrefixRow(caching, generated / seconds, stats.prefill_tokens,
+                              stats.cached_tokens))
+    return rows
+
+
+def format_prefix_rows(rows: Sequence[PrefixRow]) -> str:
+    """Prefix caching off and on as a plain-text table."""
+    lines = [f"{'prefix caching':<16}{'prefill computed':>18}{'from cache':>12}"
+             f"{'paged tok/s':>13}"]
+    lines += [f"{'on' if r.prefix_caching else 'off':<16}{r.prefill_tokens:>18}"
+              f"{r.cached_tokens:>12}{r.tokens_per_s:>13.0f}" for r in rows]
+    return "\n".join(lines)
 
 
 def run_bench(model: LlamaModel, setup: BenchSetup,
@@ -216,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{setup.requests} requests up to {setup.max_len} tokens (median {setup.median_total}),"
           f" blocks of {setup.block_size}; contiguous rows reserve {setup.max_len} slots each")
     print(format_rows(run_bench(model, setup, decode_attention)))
+    print(f"\nthe same requests behind a shared {setup.median_total}-token system prompt:")
+    print(format_prefix_rows(run_prefix_bench(model, setup, decode_attention)))
     return 0
 
 

@@ -81,8 +81,8 @@ def generate(
     """Generate with a contiguous cache of ``max_batch`` rows of ``max_len`` slots each.
 
     Defaults: a row for every sample, each as long as the longest request. Samples start in
-    submission order as rows free up; ``arrival`` and ``priority`` are ignored. Outputs are
-    in submission order and equal the paged engine's whenever both compute the same logits.
+    submission order as rows free up; ``priority`` is ignored. Outputs are in submission
+    order and equal the paged engine's whenever both compute the same logits.
     """
     if not isinstance(model, LlamaModel):
         raise ValueError(f"model must be a LlamaModel, got {type(model).__name__}")

@@ -1,70 +1,102 @@
-"""The mini serving engine: the course's scheduler, paged pool and kernel around a real model.
+"""The mini serving engine: the serving core, a real model, and sampling.
 
-One :meth:`PagedEngine.step` is one iteration of continuous batching, in the simulator's
-order (``course_lib.simulator``), but with real tensors:
+The engine is online, as vLLM v1's is: :meth:`~PagedEngine.add_request` at any time (also
+between the steps of a running batch), :meth:`~PagedEngine.abort`, and
+:meth:`~PagedEngine.stream`, which yields each request's new tokens as they are produced.
+One :meth:`PagedEngine.step` is one iteration of continuous batching:
 
-1. **grow**: every running sequence claims a slot for the token it feeds this step
-   (``append_tokens``: a new block when its last one is full, a copy when its last block is
-   shared). When the pool is empty, the scheduler names a victim (``Scheduler.victim``:
-   the newest under FCFS, the least important under the priority policy), whose blocks
-   are freed and which goes back to the front of the queue, until the claim succeeds or
-   the claimant is itself the victim.
-2. **admit**: unless something was preempted, waiting requests are admitted in the
-   scheduler's order while the limits allow (``Scheduler.admits``) and their prefill fits
-   in the free blocks.
-3. **run**: one prefill pass for the admitted requests (a preempted one is recomputed from
-   its prompt and the tokens it had generated, so nothing is lost) and one decode pass,
-   through the Triton paged kernel, for everyone else; then each sample draws its next
-   token. A request with ``n`` parallel samples is prefilled once, and its samples fork
-   the prompt's blocks (shared until one writes into a partly filled block).
-4. **finish**: finished samples free their blocks; a request whose samples are all done
-   leaves the running set.
+1. **schedule**: :class:`~course_lib.engine.core.ServingCore` (the half that never runs a
+   model) hands out the step's token budget as chunks, one token per decoding sample or
+   the next chunk of a prompt (chunked prefill), claims their slots in the block tables,
+   preempts while the pool lacks blocks, and admits waiting requests, taking a prompt's
+   cached full blocks as they are when prefix caching is on.
+2. **run**: one forward pass over every scheduled chunk, decodes and prefill chunks mixed
+   (``PagedBatch``): K/V are written through the block tables and read back through them.
+3. **sample**: each sample whose tokens are now all computed draws its next token (a
+   request with ``n`` samples prefills its prompt once; then its samples fork its blocks).
+4. **retire**: finished samples free their blocks at once; a finished request leaves.
 
-The scheduler keeps order, never memory, exactly as in the simulator; the engine owns the
-``PagedKVManager``. The scheduler takes its requests up front, so requests are
-:meth:`~PagedEngine.submit`-ted as a batch (later arrivals carry an ``arrival`` step).
+A block is cached (hashed into chapter 04's chain) when the step that computes it claims
+its last slot, so a request admitted in the same step can already share it: the pass
+writes every chunk's K/V into the pool before any attention reads it. A prompt's
+unscheduled chunks are not in the block table yet, so they are never found too early. A
+step that raises (the kernel, the model, the sampler) is rolled back completely: the
+engine is left exactly as it was before the step (cache included), so the caller can
+retry it.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
+from course_lib.engine.core import Chunk, Schedule, ServingCore
 from course_lib.engine.model import LlamaModel
-from course_lib.engine.paged_forward import (
-    DECODE_ATTENTIONS,
-    DecodeAttention,
-    PagedDecode,
-    PagedPrefill,
-)
+from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
 from course_lib.engine.requests import (
+    FinishReason,
     GenerationRequest,
     PreparedRequest,
     RequestOutput,
-    Sample,
+    prepare_request,
     prepare_requests,
 )
 from course_lib.engine.sampling import SamplingParams
-from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
-from course_lib.scheduler import Scheduler, SchedulerConfig
-from course_lib.workload import Request
+from course_lib.paged import BlockPool
+from course_lib.prefix_cache import (
+    PrefixCachingBlockPool,
+)
+from course_lib.scheduler import SchedulerConfig
+
+Prompt = GenerationRequest | str | Sequence[int]
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """What one step produced for one request: each sample's new tokens, each sample's
+    finish reason (None while it runs), and the whole output once the request is done."""
+
+    request_id: int
+    new_token_ids: tuple[tuple[int, ...], ...]
+    finish_reasons: tuple[FinishReason | None, ...]
+    output: RequestOutput | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request is done (and has left the pool)."""
+        return self.output is not None
 
 
 @dataclass(frozen=True)
 class StepReport:
-    """What one engine step did (request ids are submission indices)."""
+    """What one engine step did (request ids are :meth:`PagedEngine.add_request`'s).
+
+    ``scheduled`` lists each sequence's tokens computed this step; ``prefill_tokens`` are
+    those of prompts (and recomputations), ``cached_tokens`` the prompt tokens found in the
+    prefix cache instead, ``decoded`` the decode tokens.
+    """
 
     step: int
     admitted: tuple[int, ...]
+    scheduled: tuple[tuple[str, int], ...]
     prefill_tokens: int
+    cached_tokens: int
     decoded: int
     generated: int
     preempted: tuple[int, ...]
     finished: tuple[int, ...]
     free_blocks: int
+    updates: tuple[RequestUpdate, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the step's forward pass computed (what ``max_num_batched_tokens`` caps)."""
+        return sum(count for _, count in self.scheduled)
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,7 @@ class EngineStats:
     steps: int
     generated_tokens: int
     prefill_tokens: int
+    cached_tokens: int
     recomputed_tokens: int
     preemptions: int
     peak_batch: int
@@ -87,16 +120,20 @@ class EngineStats:
 class PagedEngine:
     """Serves a :class:`LlamaModel` from a paged KV pool of ``num_blocks`` blocks.
 
-    ``scheduler`` sets the policy and limits (``max_num_seqs`` counts requests); only
-    recompute preemption is implemented. ``decode_attention`` is ``"triton"`` (the course's
-    kernel: on a GPU, or under the Triton interpreter on a CPU) or ``"torch"`` (the
-    gather-based reference, for fast CPU runs). Give a Hugging Face ``tokenizer`` to pass
-    text prompts and get text back.
+    ``scheduler`` sets the policy and limits (``max_num_seqs`` counts requests,
+    ``max_num_batched_tokens`` the tokens of one step); only recompute preemption is
+    implemented. ``chunked_prefill`` lets a prompt longer than the step's remaining budget
+    be computed over several steps (vLLM v1's default); without it a prompt waits for a
+    step with room for all of it. ``prefix_caching`` reuses cached full prompt blocks.
+    ``decode_attention`` is ``"triton"`` (the course's kernel: on a GPU, or under the
+    Triton interpreter on a CPU) or ``"torch"`` (the gather-based reference). Give a Hugging
+    Face ``tokenizer`` to pass text prompts and get text back.
     """
 
     def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int = 16,
                  scheduler: SchedulerConfig | None = None, tokenizer: Any | None = None,
-                 decode_attention: DecodeAttention = "triton") -> None:
+                 decode_attention: DecodeAttention = "triton", prefix_caching: bool = False,
+                 chunked_prefill: bool = True) -> None:
         scheduler = scheduler or SchedulerConfig()
         if not isinstance(model, LlamaModel):
             raise ValueError(f"model must be a LlamaModel, got {type(model).__name__}")
@@ -105,231 +142,185 @@ class PagedEngine:
         if scheduler.preemption != "recompute":
             raise ValueError(f"preemption {scheduler.preemption!r} is not implemented by the "
                              "engine; use 'recompute' (swap is modelled in the simulator)")
-        if decode_attention not in DECODE_ATTENTIONS:
-            raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
-                             f"{', '.join(DECODE_ATTENTIONS)}")
-        if decode_attention == "triton":
-            require_kernels()
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        _check_decode_attention(model, decode_attention)
         config = model.config
-        self.model = model
-        self.tokenizer = tokenizer
-        self.scheduler_config = scheduler
-        self.decode_attention = decode_attention
-        self.pool = BlockPool(num_blocks, block_size, num_kv_heads=config.num_kv_heads,
-                              head_dim=config.head_dim, num_layers=config.num_layers,
-                              dtype=model.dtype, device=model.device)
-        self.manager = PagedKVManager(self.pool)
+        self.model, self.tokenizer = model, tokenizer
+        self.scheduler_config, self.decode_attention = scheduler, decode_attention
+        kv = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                  num_layers=config.num_layers, dtype=model.dtype, device=model.device)
+        pool_type = PrefixCachingBlockPool if prefix_caching else BlockPool
+        self.core = ServingCore(scheduler, pool_type(num_blocks, block_size, **kv),
+                                chunked_prefill=chunked_prefill)
+        self.pool, self.manager = self.core.pool, self.core.manager
         self.step_index = 0
-        self._requests: list[PreparedRequest] = []
-        self._arrivals: deque[int] = deque()
-        self._scheduler = Scheduler(scheduler, [])
         self._totals = dict.fromkeys(("steps", "generated_tokens", "prefill_tokens",
-                                      "recomputed_tokens", "preemptions", "peak_batch"), 0)
+                                      "cached_tokens", "recomputed_tokens", "preemptions",
+                                      "peak_batch"), 0)
 
-    # --- submitting and collecting -------------------------------------------------------
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether cached prompt blocks are reused."""
+        return isinstance(self.pool, PrefixCachingBlockPool)
 
-    def submit(self, requests: Sequence[GenerationRequest | str | Sequence[int]],
-               params: SamplingParams | None = None) -> list[int]:
-        """Queue a batch of requests (when the engine is idle); returns their request ids.
+    @property
+    def chunked_prefill(self) -> bool:
+        """Whether a prompt may be computed over several steps."""
+        return self.core.chunked_prefill
 
-        Raises ValueError for a request that might never run: one whose samples, each at
-        full length and no longer sharing (as after a preemption), need more blocks than
-        the pool has, or more tokens than ``max_num_batched_tokens`` allows in one step.
+    @property
+    def unfinished(self) -> tuple[int, ...]:
+        """Ids of the requests waiting or running, oldest first."""
+        return tuple(self.core.unfinished)
+
+    # --- requests in, outputs out --------------------------------------------------------
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+        """Queue one request now (also while others run); returns its request id.
+
+        Raises ValueError, changing nothing, for a request that might never run: one whose
+        samples, each at full length and no longer sharing (as after a preemption), need
+        more blocks than the pool has, or (without chunked prefill) more tokens than
+        ``max_num_batched_tokens`` allows in one step.
         """
-        if not self.done:
-            raise ValueError("the engine is still serving a batch; step until done first")
-        prepared = prepare_requests(requests, params, self.model.config, self.tokenizer)
-        usable = self.pool.num_blocks - 1
-        limit = self.scheduler_config.max_num_batched_tokens
+        request = prepare_request(len(self.core.requests), prompt, params, self.model.config,
+                                  self.tokenizer)
+        self.core.check_fits(request)
+        self.core.add(request)
+        return request.request_id
+
+    def submit(self, requests: Sequence[Prompt], params: SamplingParams | None = None
+               ) -> list[int]:
+        """Queue several requests at once (all or, on a ValueError, none); their ids."""
+        prepared = prepare_requests(requests, params, self.model.config, self.tokenizer,
+                                    first_id=len(self.core.requests))
         for request in prepared:
-            n, full_length = request.params.n, len(request.prompt) + request.params.max_tokens
-            blocks = n * self.manager.blocks_needed(full_length)
-            if blocks > usable:
-                raise ValueError(f"request {request.request_id} needs up to {blocks} blocks "
-                                 f"but the pool has {usable} for requests")
-            if limit is not None and n * full_length > limit:
-                raise ValueError(f"request {request.request_id} may prefill up to "
-                                 f"{n * full_length} tokens in one step (recomputing {n} "
-                                 f"samples), above max_num_batched_tokens={limit}")
-        self._requests = prepared
-        self._scheduler = Scheduler(self.scheduler_config, [
-            Request(r.request_id, len(r.prompt), r.params.max_tokens, r.arrival, r.priority)
-            for r in prepared])
-        order = sorted(range(len(prepared)), key=lambda i: (prepared[i].arrival, i))
-        self._arrivals = deque(order)
-        self.step_index = 0
+            self.core.check_fits(request)
+        for request in prepared:
+            self.core.add(request)
         return [r.request_id for r in prepared]
+
+    def abort(self, request_id: int) -> RequestOutput:
+        """Stop an unfinished request now: its unfinished samples end with ``"abort"``, its
+        blocks are freed; returns its output (the tokens generated so far)."""
+        return self.core.abort(request_id).output(self.tokenizer)
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether some request is waiting or running."""
+        return bool(self.core.unfinished)
 
     @property
     def done(self) -> bool:
-        """Whether every submitted request has finished (True before any submit)."""
-        return all(not r.active for r in self._requests)
+        """Whether every request added so far has finished (True before the first)."""
+        return not self.core.unfinished
 
     def outputs(self) -> list[RequestOutput]:
-        """The finished batch's outputs, in submission order."""
+        """Every request's output, in the order they were added, once all are done."""
         if not self.done:
-            raise ValueError("the batch has not finished; call step() until done")
-        return [r.output(self.tokenizer) for r in self._requests]
+            raise ValueError("some requests have not finished; call step() until done")
+        return [r.output(self.tokenizer) for r in self.core.requests]
 
-    def generate(self, requests: Sequence[GenerationRequest | str | Sequence[int]],
+    def stream(self) -> Iterator[RequestUpdate]:
+        """Step while requests are unfinished (including ones added meanwhile), yielding
+        each request's new tokens as they come and its output when it finishes."""
+        while self.has_unfinished:
+            yield from self.step().updates
+
+    def generate(self, requests: Sequence[Prompt],
                  params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Submit ``requests``, step until all finish, and return their outputs."""
-        self.submit(requests, params)
-        while not self.done:
-            self.step()
-        return self.outputs()
+        """Add ``requests``, step until they finish, and return their outputs in order."""
+        ids = self.submit(requests, params)
+        finished = {u.request_id: u.output for u in self.stream() if u.output is not None}
+        return [finished.get(i) or self.core.requests[i].output(self.tokenizer) for i in ids]
 
     def stats(self) -> EngineStats:
         """Totals since the engine was made."""
         return EngineStats(**self._totals)
 
-    # --- one step --------------------------------------------------------------------------
+    # --- one step ------------------------------------------------------------------------
 
     def step(self) -> StepReport:
-        """Run one iteration: grow, admit, prefill and decode, sample, finish."""
-        if self.done:
-            raise ValueError("nothing to run: submit requests first")
-        scheduler = self._scheduler
-        if not scheduler.running and not scheduler.num_waiting:  # idle until the next arrival
-            self.step_index = max(self.step_index, self._requests[self._arrivals[0]].arrival)
-        while (self._arrivals
-               and self._requests[self._arrivals[0]].arrival <= self.step_index):
-            scheduler.arrive(self._arrivals.popleft())
-        preempted = self._grow()
-        admitted = [] if preempted else self._admit()
-        decoding = [(self._requests[i], s) for i in scheduler.running if i not in admitted
-                    for s in self._requests[i].active]
-        prefill_tokens, prefill_samples = self._prefill(admitted)
-        self._decode(decoding)
-        finished = self._finish()
-        generated = len(decoding) + prefill_samples
-        if not generated and not preempted:
-            raise RuntimeError(f"step {self.step_index} made no progress; this is a bug")
-        report = StepReport(self.step_index, tuple(admitted), prefill_tokens, len(decoding),
-                            generated, tuple(preempted), tuple(finished), self.pool.num_free)
+        """Run one iteration: schedule (and admit), one forward pass, sample, retire.
+
+        If anything in it raises (the kernel, the model, the sampler), the engine is
+        restored to its state before the call, K/V of cached blocks included.
+        """
+        if not self.core.unfinished:
+            raise ValueError("nothing to run: add requests first")
+        checkpoint, taken = self.core.checkpoint(), ([], [])
+        totals, step_index = dict(self._totals), self.step_index
+        try:
+            schedule = self.core.schedule()
+            taken = self.core.save_taken_kv(checkpoint, self.model.config.num_layers)
+            logits = self._forward(list(schedule.chunks)) if schedule.chunks else None
+            eos = self.model.config.eos_token_ids
+            new_tokens = self.core.advance(
+                schedule, lambda i, request, sample: request.add_token(sample, logits[i], eos))
+            return self._report(schedule, self.core.retire(new_tokens), new_tokens)
+        except BaseException:
+            self.core.restore(checkpoint, taken)
+            self._totals, self.step_index = totals, step_index
+            raise
+
+    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """One pass over every chunk; the logits of each chunk's last token."""
+        manager = self.manager
+        seq_ids = [c.sample.seq_id for c in chunks]
+        block_table, _ = manager.batch_tables(seq_ids, device=self.model.device)
+        spans = [range(c.start, c.start + c.count) for c in chunks]
+        slots = [slot for c, span in zip(chunks, spans, strict=True)
+                 for slot in manager.slot_mapping(c.sample.seq_id, span)]
+        attention = PagedBatch(self.pool, slots, block_table, [c.start for c in chunks],
+                               [c.count for c in chunks], self.decode_attention)
+        ids = [c.sample.tokens[p] for c, span in zip(chunks, spans, strict=True) for p in span]
+        positions = [p for span in spans for p in span]
+        return self.model.next_token_logits(ids, positions, attention,
+                                            last_of=[c.count for c in chunks])
+
+    def _report(self, schedule: Schedule, touched: list[tuple[PreparedRequest, bool]],
+                new_tokens: dict[str, int]) -> StepReport:
+        """The step's report, with one update per request that produced tokens; adds it to
+        the totals."""
+        chunks = schedule.chunks
+        updates = tuple(RequestUpdate(
+            request.request_id,
+            tuple((new_tokens[s.seq_id],) if s.seq_id in new_tokens else ()
+                  for s in request.samples),
+            tuple(s.finish_reason for s in request.samples),
+            request.output(self.tokenizer) if done else None) for request, done in touched)
+        decoded = sum(1 for c in chunks if c.decode)
+        prefill = sum(c.count for c in chunks) - decoded
+        cached = sum(c.start for c in chunks if c.hit is not None)
         totals = self._totals
         totals["steps"] += 1
-        totals["generated_tokens"] += generated
-        totals["prefill_tokens"] += prefill_tokens
-        totals["preemptions"] += len(preempted)
-        totals["peak_batch"] = max(totals["peak_batch"], generated)
+        totals["generated_tokens"] += len(new_tokens)
+        totals["prefill_tokens"] += prefill
+        totals["cached_tokens"] += cached
+        totals["recomputed_tokens"] += sum(c.count for c in chunks
+                                           if c.request.preemptions and not c.decode)
+        totals["preemptions"] += len(schedule.preempted)
+        totals["peak_batch"] = max(totals["peak_batch"], len(new_tokens))
+        report = StepReport(self.step_index, schedule.admitted,
+                            tuple((c.sample.seq_id, c.count) for c in chunks), prefill,
+                            cached, decoded, len(new_tokens), schedule.preempted,
+                            tuple(r.request_id for r, done in touched if done),
+                            self.pool.num_free, updates)
         self.step_index += 1
         return report
 
-    def _grow(self) -> list[int]:
-        """Claim this step's slot for every running sequence, oldest request first,
-        preempting the scheduler's victims while the pool is empty; returns the victims."""
-        scheduler = self._scheduler
-        preempted: list[int] = []
-        for i in list(scheduler.running):
-            for sample in self._requests[i].active:
-                if i not in scheduler.running:
-                    break
-                while True:
-                    try:
-                        self.manager.append_tokens(sample.seq_id)
-                        break
-                    except OutOfBlocks:
-                        victim = scheduler.victim()
-                        self._preempt(victim)
-                        preempted.append(victim)
-                        if victim == i:
-                            break
-        return preempted
 
-    def _preempt(self, index: int) -> None:
-        """Free every block of request ``index`` and requeue it; its tokens are kept, and it
-        is recomputed (prefilled again) when readmitted."""
-        for sample in self._requests[index].active:
-            self.manager.free_sequence(sample.seq_id)
-        self._scheduler.stop(index)
-        self._scheduler.requeue(index)
-        self._requests[index].preemptions += 1
-
-    def _admit(self) -> list[int]:
-        """Admit waiting requests while the scheduler's limits and the free blocks allow."""
-        scheduler, manager = self._scheduler, self.manager
-        step_tokens = sum(len(self._requests[i].active) for i in scheduler.running)
-        admitted = []
-        while (index := scheduler.next_waiting()) is not None:
-            request = self._requests[index]
-            sequences = _prefill_sequences(request)
-            cost = sum(len(s.tokens) for s in sequences)
-            blocks = sum(manager.blocks_needed(len(s.tokens)) for s in sequences)
-            if not scheduler.admits(cost, step_tokens) or blocks > self.pool.num_free:
-                break
-            scheduler.admit_next()
-            for sample in sequences:
-                manager.add_sequence(sample.seq_id, len(sample.tokens))
-            step_tokens += cost
-            admitted.append(request.request_id)
-        return admitted
-
-    def _prefill(self, admitted: list[int]) -> tuple[int, int]:
-        """Prefill the admitted requests in one pass, sample each one's next tokens and fork
-        fresh requests' samples; returns (tokens prefilled, tokens generated)."""
-        if not admitted:
-            return 0, 0
-        requests = [self._requests[i] for i in admitted]
-        sequences = [s for r in requests for s in _prefill_sequences(r)]
-        lengths = [len(s.tokens) for s in sequences]
-        slots = [slot for s in sequences
-                 for slot in self.manager.slot_mapping(s.seq_id, range(len(s.tokens)))]
-        attention = PagedPrefill(self.pool, slots, lengths)
-        ids = [token for s in sequences for token in s.tokens]
-        positions = [p for length in lengths for p in range(length)]
-        rows = iter(self.model.next_token_logits(ids, positions, attention, last_of=lengths))
-        eos = self.model.config.eos_token_ids
-        generated = 0
-        for request in requests:
-            if request.fresh:
-                row, parent = next(rows), request.samples[0].seq_id
-                for sample in request.samples:
-                    if sample.seq_id != parent:
-                        self.manager.fork(parent, sample.seq_id)
-                    request.add_token(sample, row, eos)
-                generated += len(request.samples)
-            else:
-                active = request.active
-                self._totals["recomputed_tokens"] += sum(len(s.tokens) for s in active)
-                for sample in active:
-                    request.add_token(sample, next(rows), eos)
-                generated += len(active)
-        return sum(lengths), generated
-
-    def _decode(self, decoding: list[tuple[PreparedRequest, Sample]]) -> None:
-        """One decode pass: each sample feeds its last token; then each draws the next."""
-        if not decoding:
-            return
-        samples = [s for _, s in decoding]
-        block_table, seq_lens = self.manager.batch_tables([s.seq_id for s in samples],
-                                                          device=self.model.device)
-        positions = [len(s.tokens) - 1 for s in samples]
-        slots = [self.manager.slot_mapping(s.seq_id, [p])[0]
-                 for s, p in zip(samples, positions, strict=True)]
-        attention = PagedDecode(self.pool, slots, block_table, seq_lens, self.decode_attention)
-        logits = self.model.next_token_logits([s.tokens[-1] for s in samples], positions,
-                                              attention)
-        eos = self.model.config.eos_token_ids
-        for (request, sample), row in zip(decoding, logits, strict=True):
-            request.add_token(sample, row, eos)
-
-    def _finish(self) -> list[int]:
-        """Free the blocks of samples that just finished; retire finished requests."""
-        finished = []
-        live = set(self.manager.sequences)
-        for i in list(self._scheduler.running):
-            request = self._requests[i]
-            for sample in request.samples:
-                if sample.finish_reason is not None and sample.seq_id in live:
-                    self.manager.free_sequence(sample.seq_id)
-            if not request.active:
-                self._scheduler.stop(i)
-                finished.append(i)
-        return finished
-
-
-def _prefill_sequences(request: PreparedRequest) -> list[Sample]:
-    """The sequences a request's prefill creates: one for the shared prompt of a fresh
-    request, else (recompute after preemption) one per unfinished sample."""
-    return [request.samples[0]] if request.fresh else request.active
+def _check_decode_attention(model: LlamaModel, decode_attention: DecodeAttention) -> None:
+    """Raise, naming what would work, unless ``decode_attention`` can serve ``model`` here."""
+    if decode_attention not in DECODE_ATTENTIONS:
+        raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
+                         f"{', '.join(DECODE_ATTENTIONS)}")
+    if decode_attention != "triton":
+        return
+    require_kernels()
+    config = model.config
+    problem = kernel_support_problem(config.head_dim, model.dtype, model.device)
+    if problem is not None:
+        raise ValueError(f"decode_attention='triton' cannot serve this model: {problem}. "
+                         f"decode_attention='torch' (the gather-based reference) can")

@@ -1,20 +1,25 @@
 """One forward pass over the paged pool: where each token's K/V go, and how attention reads.
 
-The engine runs two kinds of pass, as vLLM's first engine did:
+Each engine step runs **one** pass over a mix of sequences, as vLLM v1 does: every
+scheduled sequence contributes a *chunk* of consecutive new tokens, ``count`` of them from
+position ``start`` (everything before ``start`` is already in the pool, computed in an
+earlier step or found in the prefix cache). A decode is a chunk of one token; a prompt is
+one chunk, or several over several steps when the token budget splits it (chunked
+prefill). Each layer first writes the chunks' K/V into their slots through the block
+tables (one indexed copy, like vLLM's ``reshape_and_cache``), then every chunk attends over
+its sequence's whole context, read back from the pool through its block table:
 
-* **prefill**: every token of some whole sequences (new prompts, or preempted requests
-  being recomputed). Each layer writes the tokens' K/V into their slots through the block
-  tables, then computes plain causal attention over the sequence's own tokens, which are
-  all in hand, so nothing is read back from the pool.
-* **decode**: one new token per running sequence. Each layer writes the token's K/V into
-  its slot, then the Triton paged kernel reads every earlier token's K/V from the pool
-  through the block table (``decode_attention="torch"`` gathers with the torch reference
-  instead, for timing on a CPU, where the kernel runs in the slow Triton interpreter).
+* one-token chunks (decodes) go together through the Triton paged kernel of chapter 06
+  (``decode_attention="torch"`` gathers with the torch reference instead, for timing on a
+  CPU, where the kernel runs in the slow Triton interpreter);
+* longer chunks gather their context with ``gather_paged_kv`` and attend with a causal
+  mask shifted by ``start``, in torch. A GPU engine runs a varlen paged-prefill kernel
+  here instead (vLLM uses FlashAttention's ``flash_attn_varlen_func`` with a block table,
+  or FlashInfer), which reads the same pool in the same layout.
 
-A *slot* is ``block * block_size + offset`` (``PagedKVManager.slot_mapping``); writing a
-whole batch's slots is one indexed copy per layer, like vLLM's ``reshape_and_cache``. The
-caller appends the tokens to their sequences first, which performs any copy-on-write, so
-no slot written here lies in a block another sequence can read.
+A *slot* is ``block * block_size + offset`` (``PagedKVManager.slot_mapping``). The caller
+appends the tokens to their sequences first, which performs any copy-on-write, so no slot
+written here lies in a block another sequence can read.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
-from course_lib.attention import paged_attention_decode, paged_attention_reference
-from course_lib.engine.model import packed_causal_attention
+from course_lib.attention import (
+    gather_paged_kv,
+    paged_attention_decode,
+    paged_attention_reference,
+)
 from course_lib.paged import BlockPool
 
 DecodeAttention = Literal["triton", "torch"]
@@ -47,20 +56,67 @@ class _SlotWriter:
         kv[self.blocks, 1, self.offsets] = v.to(kv.dtype)
 
 
-class PagedPrefill:
-    """Prefill attention (an ``Attention`` for ``LlamaModel``) for whole sequences packed
-    back to back: ``lengths[i]`` tokens each, written to ``slots`` (one per token)."""
+class PagedBatch:
+    """Attention (an ``Attention`` for ``LlamaModel``) for one engine step: chunk ``i``
+    is ``counts[i]`` new tokens of a sequence from position ``starts[i]``, packed back to
+    back, written to ``slots`` (one per token); ``block_table`` (int32, one row per chunk,
+    from ``PagedKVManager.batch_tables``) says where each sequence's context lies."""
 
-    def __init__(self, pool: BlockPool, slots: Sequence[int], lengths: Sequence[int]) -> None:
-        if sum(lengths) != len(slots):
-            raise ValueError(f"{len(slots)} slots for {sum(lengths)} tokens")
+    def __init__(self, pool: BlockPool, slots: Sequence[int], block_table: torch.Tensor,
+                 starts: Sequence[int], counts: Sequence[int],
+                 decode_attention: DecodeAttention = "triton") -> None:
+        if decode_attention not in DECODE_ATTENTIONS:
+            raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
+                             f"{', '.join(DECODE_ATTENTIONS)}")
+        if not len(starts) == len(counts) == block_table.shape[0]:
+            raise ValueError(f"{len(starts)} starts and {len(counts)} counts for "
+                             f"{block_table.shape[0]} block-table rows")
+        if min(counts, default=1) < 1 or sum(counts) != len(slots):
+            raise ValueError(f"{len(slots)} slots for chunks of {list(counts)} tokens")
+        self.pool, self.decode_attention = pool, decode_attention
         self.write = _SlotWriter(pool, slots)
-        self.lengths = list(lengths)
+        self.block_table = block_table
+        self.starts, self.counts = list(starts), list(counts)
+        offsets = [0]
+        for count in counts:
+            offsets.append(offsets[-1] + count)
+        self.offsets = offsets
+        device = block_table.device
+        self.decodes = [i for i, count in enumerate(counts) if count == 1]
+        self.decode_rows = torch.tensor([offsets[i] for i in self.decodes], dtype=torch.long,
+                                        device=device)
+        self.decode_lens = torch.tensor([self.starts[i] + 1 for i in self.decodes],
+                                        dtype=torch.int32, device=device)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         self.write(layer, k, v)
-        return packed_causal_attention(q, k, v, self.lengths)
+        out = torch.empty_like(q)
+        if self.decodes:
+            rows = self.decode_rows
+            out[rows] = _decode(q[rows], self.pool, layer, self.block_table[self.decodes],
+                                self.decode_lens, self.decode_attention)
+        for i, count in enumerate(self.counts):
+            if count > 1:
+                span = slice(self.offsets[i], self.offsets[i + 1])
+                out[span] = self._chunk(layer, q[span], i)
+        return out
+
+    def _chunk(self, layer: int, q: torch.Tensor, index: int) -> torch.Tensor:
+        """Causal attention of one chunk's queries over its sequence's context in the pool."""
+        start, count = self.starts[index], self.counts[index]
+        length = start + count
+        keys, values = gather_paged_kv(
+            self.pool.key_cache(layer), self.pool.value_cache(layer),
+            self.block_table[index : index + 1],
+            torch.tensor([length], dtype=torch.int32, device=q.device))
+        group = q.shape[1] // keys.shape[2]
+        keys = keys[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
+        values = values[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
+        rows = torch.arange(start, length, device=q.device)[:, None]
+        mask = torch.arange(length, device=q.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
+        return out.transpose(0, 1)
 
 
 class PagedDecode:
@@ -84,9 +140,16 @@ class PagedDecode:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         self.write(layer, k, v)
-        args = (q, self.pool.key_cache(layer), self.pool.value_cache(layer), self.block_table,
-                self.seq_lens)
-        if self.decode_attention == "torch":
-            return paged_attention_reference(*args).to(q.dtype)
-        # The engine built the tables itself; skip the kernel's value check (a GPU sync).
-        return paged_attention_decode(*args, check_values=False)
+        return _decode(q, self.pool, layer, self.block_table, self.seq_lens,
+                       self.decode_attention)
+
+
+def _decode(q: torch.Tensor, pool: BlockPool, layer: int, block_table: torch.Tensor,
+            seq_lens: torch.Tensor, decode_attention: DecodeAttention) -> torch.Tensor:
+    """Decode attention of one query token per sequence over the pool: the kernel, or the
+    torch reference."""
+    args = (q, pool.key_cache(layer), pool.value_cache(layer), block_table, seq_lens)
+    if decode_attention == "torch":
+        return paged_attention_reference(*args).to(q.dtype)
+    # The engine built the tables itself; skip the kernel's value check (a GPU sync).
+    return paged_attention_decode(*args, check_values=False)

@@ -16,28 +16,25 @@ import torch
 
 from course_lib.engine.model import ModelConfig
 from course_lib.engine.sampling import SamplingParams, sample_token
-from course_lib.validate import check_int
 
-FinishReason = Literal["length", "stop"]
+FinishReason = Literal["length", "stop", "abort"]
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     """One prompt (text, which needs a tokenizer, or token ids) and how to decode it.
 
-    ``arrival`` is the engine step at which it joins the waiting queue and ``priority`` is
-    the scheduler's (smaller is more important); the contiguous baseline ignores both.
+    ``priority`` is the scheduler's (smaller is more important); the contiguous baseline
+    ignores it.
     """
 
     prompt: str | Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    arrival: int = 0
     priority: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {self.params!r}")
-        check_int("arrival", self.arrival, 0)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
 
@@ -57,13 +54,17 @@ class RequestOutput:
 
 @dataclass
 class Sample:
-    """One sample while it generates: prompt plus generated tokens, its generator, and why it
-    stopped (None while it runs)."""
+    """One sample while it generates: prompt plus generated tokens, its generator, why it
+    stopped (None while it runs), and, in the paged engine, how many of its tokens have
+    K/V in the pool (``computed``) and whether it is decoding (its tokens were all
+    computed once since it was last admitted)."""
 
     seq_id: str
     tokens: list[int]
     generator: torch.Generator | None
     finish_reason: FinishReason | None = None
+    computed: int = 0
+    decoding: bool = False
 
 
 @dataclass
@@ -74,7 +75,6 @@ class PreparedRequest:
     request_id: int
     prompt: tuple[int, ...]
     params: SamplingParams
-    arrival: int
     priority: int
     samples: list[Sample]
     preemptions: int = 0
@@ -93,7 +93,11 @@ class PreparedRequest:
                   eos_token_ids: Sequence[int]) -> None:
         """Sample the next token of ``sample`` from ``logits`` ``[vocab]`` and decide whether
         it is done (an end-of-sequence token, or ``max_tokens`` generated)."""
-        token = sample_token(logits, self.params, sample.generator)
+        self.append_token(sample, sample_token(logits, self.params, sample.generator),
+                          eos_token_ids)
+
+    def append_token(self, sample: Sample, token: int, eos_token_ids: Sequence[int]) -> None:
+        """Append a chosen ``token`` to ``sample`` and decide whether it is done."""
         sample.tokens.append(token)
         if token in eos_token_ids and not self.params.ignore_eos:
             sample.finish_reason = "stop"
@@ -105,27 +109,62 @@ class PreparedRequest:
         if self.active:
             raise ValueError(f"request {self.request_id} has not finished")
         generated = tuple(tuple(s.tokens[len(self.prompt):]) for s in self.samples)
-        texts = None
-        if tokenizer is not None:
-            texts = tuple(tokenizer.decode(list(ids), skip_special_tokens=True)
-                          for ids in generated)
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt,
             token_ids=generated,
             finish_reasons=tuple(s.finish_reason for s in self.samples),  # type: ignore[misc]
-            texts=texts,
+            texts=decode_texts(tokenizer, generated),
             preemptions=self.preemptions,
         )
 
 
+def decode_texts(tokenizer: Any | None,
+                 token_ids: Sequence[Sequence[int]]) -> tuple[str, ...] | None:
+    """Each sample's tokens as text (None without a tokenizer)."""
+    if tokenizer is None:
+        return None
+    return tuple(tokenizer.decode(list(ids), skip_special_tokens=True) for ids in token_ids)
+
+
+def prepare_request(index: int, item: GenerationRequest | str | Sequence[int],
+                    params: SamplingParams | None, config: ModelConfig,
+                    tokenizer: Any | None) -> PreparedRequest:
+    """Tokenise and check one request, which gets id ``index`` (a bare prompt gets
+    ``params``, default greedy).
+
+    Raises ValueError for an empty prompt, text without a tokenizer, a token id outside
+    the vocabulary, or a request longer than the model's position limit.
+    """
+    if params is not None and not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be SamplingParams or None, got {params!r}")
+    if isinstance(item, GenerationRequest):
+        if params is not None:
+            raise ValueError("pass params either to every GenerationRequest or once, "
+                             "not both")
+        request = item
+    else:
+        request = GenerationRequest(item, params or SamplingParams())
+    prompt = _token_ids(index, request.prompt, config, tokenizer)
+    p = request.params
+    total = len(prompt) + p.max_tokens
+    if total > config.max_position_embeddings:
+        raise ValueError(f"request {index}: {len(prompt)} prompt + {p.max_tokens} new "
+                         f"tokens exceed max_position_embeddings="
+                         f"{config.max_position_embeddings}")
+    label = f"r{index}" if p.n == 1 else None
+    samples = [Sample(label or f"r{index}.{k}", list(prompt), p.generator(k))
+               for k in range(p.n)]
+    return PreparedRequest(index, prompt, p, request.priority, samples)
 def prepare_requests(
     requests: Sequence[GenerationRequest | str | Sequence[int]],
     params: SamplingParams | None,
     config: ModelConfig,
     tokenizer: Any | None,
+    first_id: int = 0,
 ) -> list[PreparedRequest]:
-    """Tokenise and check ``requests`` (a bare prompt gets ``params``, default greedy).
+    """Tokenise and check ``requests``, numbered from ``first_id`` (a bare prompt gets
+    ``params``, default greedy).
 
     Raises ValueError for an empty batch or prompt, text without a tokenizer, a token id
     outside the vocabulary, or a request longer than the model's position limit.
@@ -135,30 +174,8 @@ def prepare_requests(
                          f"got {requests!r}")
     if not requests:
         raise ValueError("requests is empty: give at least one prompt")
-    if params is not None and not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be SamplingParams or None, got {params!r}")
-    prepared = []
-    for index, item in enumerate(requests):
-        if isinstance(item, GenerationRequest):
-            if params is not None:
-                raise ValueError("pass params either to every GenerationRequest or once, "
-                                 "not both")
-            request = item
-        else:
-            request = GenerationRequest(item, params or SamplingParams())
-        prompt = _token_ids(index, request.prompt, config, tokenizer)
-        p = request.params
-        total = len(prompt) + p.max_tokens
-        if total > config.max_position_embeddings:
-            raise ValueError(f"request {index}: {len(prompt)} prompt + {p.max_tokens} new "
-                             f"tokens exceed max_position_embeddings="
-                             f"{config.max_position_embeddings}")
-        label = f"r{index}" if p.n == 1 else None
-        samples = [Sample(label or f"r{index}.{k}", list(prompt), p.generator(k))
-                   for k in range(p.n)]
-        prepared.append(PreparedRequest(index, prompt, p, request.arrival, request.priority,
-                                        samples))
-    return prepared
+    return [prepare_request(first_id + index, item, params, config, tokenizer)
+            for index, item in enumerate(requests)]
 
 
 def _token_ids(index: int, prompt: str | Sequence[int], config: ModelConfig,

@@ -16,8 +16,8 @@ from typing import Any
 
 from course_lib.engine import (
     LlamaModel,
+    PagedBatch,
     PagedEngine,
-    PagedPrefill,
     SamplingParams,
     generate,
     random_model,
@@ -52,9 +52,12 @@ def prefilled(num_blocks: int, prompts: dict[str, list[int]],
         manager.add_sequence(seq_id, len(prompt))
     slots = [slot for seq_id, prompt in prompts.items()
              for slot in manager.slot_mapping(seq_id, range(len(prompt)))]
+    block_table, _ = manager.batch_tables(list(prompts))
+    attention = PagedBatch(manager.pool, slots, block_table, [0] * len(lengths), lengths,
+                           decode_attention="torch")
     logits = model.next_token_logits([t for p in prompts.values() for t in p],
-                                     [i for n in lengths for i in range(n)],
-                                     PagedPrefill(manager.pool, slots, lengths), last_of=lengths)
+                                     [i for n in lengths for i in range(n)], attention,
+                                     last_of=lengths)
     tokens = {seq_id: [*prompt, int(row.argmax())]
               for (seq_id, prompt), row in zip(prompts.items(), logits, strict=True)}
     for child, parent in (fork or {}).items():
