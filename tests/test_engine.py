@@ -19,8 +19,8 @@ from course_lib.engine import (
     GenerationRequest,
     ModelConfig,
     PagedDecode,
+    PagedBatch,
     PagedEngine,
-    PagedPrefill,
     SamplingParams,
     config_from_hf,
     from_hf,
@@ -92,9 +92,11 @@ def test_kernel_decode_step_gives_the_contiguous_logits(dtype: torch.dtype) -> N
         manager.add_sequence(seq_id, n - 1)
     slots = [s for i, n in zip(ids, lengths, strict=True)
              for s in manager.slot_mapping(i, range(n - 1))]
+    table, _ = manager.batch_tables(ids, device=DEVICE)
     model.next_token_logits([t for p in prompts for t in p[:-1]],
                             [i for n in lengths for i in range(n - 1)],
-                            PagedPrefill(pool, slots, [n - 1 for n in lengths]))
+                            PagedBatch(pool, slots, table, [0] * len(ids),
+                                       [n - 1 for n in lengths], "torch"))
     for seq_id in ids:
         manager.append_tokens(seq_id)
     slots = [manager.slot_mapping(i, [n - 1])[0] for i, n in zip(ids, lengths, strict=True)]
