@@ -253,3 +253,25 @@ def test_reference_matches_contiguous_and_keeps_the_pool_consistent(
         assert set(state["tables"]) == set(state["running"])
         assert set(state["ref_counts"]) == held
     assert not states[-1]["running"] and not states[-1]["waiting"]
+
+
+_states = st.lists(st.fixed_dictionaries({
+    "running": st.lists(st.sampled_from("abc"), max_size=3),
+    "tables": st.dictionaries(st.sampled_from("abc"), st.lists(st.integers(1, 9), max_size=3)),
+    "free": st.integers(0, 9),
+}), max_size=5)
+
+
+@given(_states, _states)
+def test_first_difference_names_the_first_step_and_only_what_differs(
+        got: list[dict[str, object]], expected: list[dict[str, object]]) -> None:
+    found = ch07.first_difference(got, expected)
+    equal_prefix = next((i for i, (g, e) in enumerate(zip(got, expected, strict=False))
+                         if g != e), min(len(got), len(expected)))
+    if got == expected:
+        assert found is None
+        return
+    assert found is not None and found["after step"] == equal_prefix
+    if equal_prefix < min(len(got), len(expected)):
+        assert set(found) - {"after step"} == {k for k in expected[equal_prefix]
+                                               if got[equal_prefix][k] != expected[equal_prefix][k]}

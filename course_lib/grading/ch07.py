@@ -229,6 +229,37 @@ def contiguous_tokens(requests: dict[str, Request]) -> dict[str, list[int]]:
             for (r, q), o in zip(requests.items(), outputs, strict=True)}
 
 
+def _generated(tokens: dict[str, list[int]], requests: dict[str, Request]) -> dict[str, Any]:
+    """Each request's tokens after its prompt (what the report shows)."""
+    return {r: tokens[r][len(q.prompt):] for r, q in requests.items()}
+
+
+def first_difference(got: list[dict[str, Any]],
+                     expected: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first step after which two runs' pool states differ, with the entries that do;
+    None when the runs are equal step by step."""
+    ended = "no such step: the run had ended"
+    for step in range(max(len(got), len(expected))):
+        mine = got[step] if step < len(got) else ended
+        theirs = expected[step] if step < len(expected) else ended
+        if mine == theirs:
+            continue
+        if isinstance(mine, str) or isinstance(theirs, str):
+            return {"after step": step, "got": mine, "expected": theirs}
+        return {"after step": step} | {key: _difference(mine[key], theirs[key])
+                                       for key in theirs if mine[key] != theirs[key]}
+    return None
+
+
+def _difference(got: Any, expected: Any) -> dict[Any, Any]:
+    """Got and expected, or for two dicts only the keys where they differ (None: absent)."""
+    if not (isinstance(got, dict) and isinstance(expected, dict)):
+        return {"got": got, "expected": expected}
+    return {key: {"got": got.get(key), "expected": expected.get(key)}
+            for key in sorted(got.keys() | expected.keys(), key=str)
+            if got.get(key) != expected.get(key)}
+
+
 def _step_cases() -> list[Case]:
     call = "fn(model, manager, waiting, running, tokens, remaining), step by step"
     cases = []
@@ -242,13 +273,16 @@ def _step_cases() -> list[Case]:
                           f"step {q.arrival})" for r, q in requests.items())
         where = f"{call}: {names}; pool of {num_blocks} blocks of {BLOCK_SIZE}"
         cases.append(Case(
-            f"{where}: every request's tokens (= contiguous generation)",
-            lambda fn, q=requests, n=num_blocks: drive(fn, q, n)[0],
-            contiguous_tokens(requests), hint))
+            f"{where}: the tokens each request generates (= contiguous generation)",
+            lambda fn, q=requests, n=num_blocks: _generated(drive(fn, q, n)[0], q),
+            _generated(contiguous_tokens(requests), requests), hint))
+        reference = drive(reference_step, requests, num_blocks)[1]
         cases.append(Case(
-            f"{where}: pool after each step (running, waiting, tables, free, ref counts)",
-            lambda fn, q=requests, n=num_blocks: drive(fn, q, n)[1],
-            drive(reference_step, requests, num_blocks)[1],
+            "the same run: the pool after each step (running, waiting, tables, free, ref "
+            "counts) against the course's run; the first step that differs (None: none)",
+            lambda fn, q=requests, n=num_blocks, ref=reference:
+                first_difference(drive(fn, q, n)[1], ref),
+            None,
             "claim decode slots oldest first, then admit front first; free finished "
             "requests at the end of the step, in running order"))
     return cases
