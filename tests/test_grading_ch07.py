@@ -45,6 +45,7 @@ class TwoPassStep:
     """A correct engine step of another shape, and (through its fields) typical mistakes."""
 
     decode_position: Callable[[int], int] = lambda n: n - 1  # of len(tokens), for the model
+    prefill_position: Callable[[int], int] = lambda i: i  # of the token's index
     free_finished: bool = True
     slots_before_claim: bool = False
     claim_at_boundary: bool = True
@@ -111,7 +112,8 @@ class TwoPassStep:
     def _prefill(self, model: LlamaModel, manager: PagedKVManager, request: str,
                  tokens: dict[str, list[int]], remaining: dict[str, int]) -> None:
         length = len(tokens[request])
-        logits = model.next_token_logits(tokens[request], list(range(length)),
+        logits = model.next_token_logits(tokens[request],
+                                         [self.prefill_position(i) for i in range(length)],
                                          _PrefillAttention(manager, request, length))
         tokens[request].append(int(logits[self.prefill_row].argmax()))
         remaining[request] -= 1
@@ -120,6 +122,8 @@ class TwoPassStep:
 MUTANTS = {
     "decode at position len(tokens)": TwoPassStep(decode_position=lambda n: n),
     "decode at position 0": TwoPassStep(decode_position=lambda n: 0),
+    "every token at position 0": TwoPassStep(decode_position=lambda n: 0,
+                                             prefill_position=lambda i: 0),
     "decode at position len(tokens) - 2": TwoPassStep(decode_position=lambda n: n - 2),
     "finished requests never freed": TwoPassStep(free_finished=False),
     "slot looked up before the table is extended": TwoPassStep(slots_before_claim=True),
@@ -147,7 +151,7 @@ def test_every_mutant_is_rejected() -> None:
 def test_wrong_positions_fail_on_tokens_alone() -> None:
     """A position mistake leaves the pool as it should be: the tokens must catch it."""
     for name in ("decode at position len(tokens)", "decode at position 0",
-                 "decode at position len(tokens) - 2"):
+                 "every token at position 0", "decode at position len(tokens) - 2"):
         results = evaluate(EXERCISE, MUTANTS[name]).cases
         assert [r.passed for r in results] == [False, True, False, True], name
 
