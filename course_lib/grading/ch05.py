@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from course_lib.grading.ch05_step import SCHEDULER_STEP
 from course_lib.grading.check import Case, Exercise, Raises
 from course_lib.kv_math import MODELS, blocks_needed
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, tokens_to_recompute
@@ -260,4 +261,5 @@ EXERCISES = (
     Exercise("05.swap_space", "Swap-space accounting", _swap_cases),
     Exercise("05.resume_seconds", "Recompute or swap: the cost of coming back",
              _resume_cases),
+    SCHEDULER_STEP,
 )
