@@ -206,8 +206,8 @@ def replay_case(case: Replay, hint: str) -> Case:
 
 # --- the traces --------------------------------------------------------------------------------
 
-GROW = ("claims first: every running request whose blocks are full (blocks x block_size == "
-        "length) takes one more block, oldest admission first")
+GROW = ("every running request whose blocks are full (blocks x block_size == length) claims "
+        "one more block, oldest admission first")
 PREEMPT = ("an empty pool preempts the NEWEST running request (maybe the claimant itself): "
            "its blocks go back, it goes to the FRONT of the waiting queue at its length")
 ADMIT = ("admission, only in a step that preempted nobody: from the front, strictly in order, "
@@ -232,7 +232,7 @@ def replays() -> list[tuple[Replay, str]]:
     """The traces the check replays, each with its hint: four seeded ones that preempt, then
     one edge case each (nothing waits, blocks filled exactly, each limit binding, a small
     request waiting behind a preempted one)."""
-    rules = f"{GROW}; {PREEMPT}; {ADMIT}"
+    rules = f"claims first: {GROW}; {PREEMPT}; {ADMIT}"
     return [
         (_seeded(2, 8), rules),
         (_seeded(4, 8), rules),
@@ -240,7 +240,7 @@ def replays() -> list[tuple[Replay, str]]:
         (_seeded(9, 10, max_num_batched_tokens=28), rules),
         (Replay("nothing waits", (_req(0, 3, 6), _req(1, 5, 2), _req(2, 2, 3, arrival=12)),
                 4, 20),
-         f"with an empty queue a step only claims: {GROW}"),
+         f"with nobody waiting a step only claims blocks: {GROW}"),
         (Replay("blocks filled exactly", (_req(0, 3, 3), _req(1, 4, 2), _req(2, 7, 2),
                                            _req(3, 8, 2)), 4, 7),
          "a request admitted at length L needs room for L + 1 tokens: L // block_size + 1 "
