@@ -108,7 +108,8 @@ def simulator_steps(replay: Replay) -> list[tuple[int, State, State]]:
     if result.rejections:
         raise ValueError(f"{replay.label}: the simulator rejects {result.rejections}")
     timeline = result.timeline
-    assert timeline is not None  # record="full" keeps one
+    if timeline is None or timeline.cuts is None:
+        raise RuntimeError("simulate(record='full') kept no event log")
     events: dict[int, list[Event]] = {}
     for event in timeline.events:
         events.setdefault(event.step, []).append(event)
@@ -178,9 +179,9 @@ def replay(fn: Callable[..., Any], case: Replay,
                     f"from {_show_state(before)}")
         try:
             got = _plain_result(out)
-        except (KeyError, TypeError, IndexError) as error:
-            return (f"step {t}: returned {out!r:.60}, which has no {error}; the result needs "
-                    f"{', '.join(FIELDS)}")
+        except (KeyError, TypeError) as error:
+            return (f"step {t}: cannot read {out!r:.60} ({type(error).__name__}: {error}); a "
+                    f"result is a dict of {', '.join(FIELDS)}, requests as dicts")
         if got != want:
             key = next(k for k in FIELDS if got[k] != want[k])
             return (f"step {t}: {key} {_show(key, got[key])} but the simulator has "
@@ -193,12 +194,9 @@ def replay_case(case: Replay, hint: str) -> Case:
     """The check of ``fn`` against the simulator on one trace, every step."""
     steps = simulator_steps(case)
     want = [result for _, _, result in steps]
-    limits = ", ".join(f"{name}={value}" for name, value in (
-        ("max_num_seqs", case.max_num_seqs),
-        ("max_num_batched_tokens", case.max_num_batched_tokens)) if value is not None)
-    call = (f"{case.label}: {len(case.trace)} requests, {case.num_blocks} blocks of "
-            f"{case.block_size}{', ' + limits if limits else ''}; fn at each of "
-            f"{len(steps)} steps")
+    call = (f"{case.label}, {len(case.trace)} requests on {case.num_blocks} blocks of "
+            f"{case.block_size}: fn(state, {case.block_size}, {case.max_num_seqs}, "
+            f"{case.max_num_batched_tokens}) at each of {len(steps)} steps")
     expected = Satisfies(f"the simulator's result at each of the {len(steps)} steps",
                          lambda got, want=want: got == want)
     return Case(call, lambda fn: replay(fn, case, steps), expected, hint, compare=satisfies)
@@ -206,14 +204,15 @@ def replay_case(case: Replay, hint: str) -> Case:
 
 # --- the traces --------------------------------------------------------------------------------
 
-GROW = ("every running request whose blocks are full (blocks x block_size == length) claims "
-        "one more block, oldest admission first")
-PREEMPT = ("an empty pool preempts the NEWEST running request (maybe the claimant itself): "
-           "its blocks go back, it goes to the FRONT of the waiting queue at its length")
-ADMIT = ("admission, only in a step that preempted nobody: from the front, strictly in order, "
-         "while fewer than max_num_seqs run, one token per running request plus each "
-         "admission's whole length fit max_num_batched_tokens, and length // block_size + 1 "
-         "blocks are free")
+GROW = ("running: a request whose blocks are full (blocks x block_size == length) claims one "
+        "more block, oldest admission first")
+PREEMPT = ("preempted: when a claim finds the pool empty, the NEWEST running request goes "
+           "(maybe the claimant itself); waiting: it goes back to the FRONT, at its length")
+ADMIT = ("admitted: nobody in a step that preempted; else from the front, strictly in order, "
+         "while max_num_seqs, max_num_batched_tokens (a token per decode plus each "
+         "admission's whole length) and the free blocks (for length + 1 tokens) allow")
+RULES = f"{GROW}; {PREEMPT}; {ADMIT}"
+"""The hint of a seeded trace: the idea behind each field the report may name."""
 
 
 def _req(rid: int, prompt: int, output: int, arrival: int = 0) -> Request:
@@ -232,33 +231,33 @@ def replays() -> list[tuple[Replay, str]]:
     """The traces the check replays, each with its hint: four seeded ones that preempt, then
     one edge case each (nothing waits, blocks filled exactly, each limit binding, a small
     request waiting behind a preempted one)."""
-    rules = f"claims first: {GROW}; {PREEMPT}; {ADMIT}"
     return [
-        (_seeded(2, 8), rules),
-        (_seeded(4, 8), rules),
-        (_seeded(7, 8, max_num_seqs=3), rules),
-        (_seeded(9, 10, max_num_batched_tokens=28), rules),
+        (_seeded(2, 8), RULES),
+        (_seeded(4, 8), RULES),
+        (_seeded(7, 8, max_num_seqs=3), RULES),
+        (_seeded(9, 10, max_num_batched_tokens=28), RULES),
         (Replay("nothing waits", (_req(0, 3, 6), _req(1, 5, 2), _req(2, 2, 3, arrival=12)),
                 4, 20),
-         f"with nobody waiting a step only claims blocks: {GROW}"),
+         f"with nobody waiting a step only claims blocks; {GROW}"),
         (Replay("blocks filled exactly", (_req(0, 3, 3), _req(1, 4, 2), _req(2, 7, 2),
                                            _req(3, 8, 2)), 4, 7),
-         "a request admitted at length L needs room for L + 1 tokens: L // block_size + 1 "
-         "blocks (3 tokens take 1 block of 4, 4 tokens take 2); a running one claims when "
-         "blocks x block_size == length"),
+         "running: a request admitted at length L takes room for L + 1 tokens, the token this step "
+         "writes included (3 tokens take 1 block of 4, 4 tokens take 2); a running one "
+         "claims when blocks x block_size == length"),
         (Replay("max_num_seqs binds", tuple(_req(i, 3 + i, 4) for i in range(5)), 4, 30,
                 max_num_seqs=2),
-         "max_num_seqs caps the running requests, counting those admitted in this step"),
+         "admitted: max_num_seqs caps the running requests, counting those admitted in this "
+         "step"),
         (Replay("max_num_batched_tokens binds", (_req(0, 6, 4), _req(1, 5, 3), _req(2, 11, 1),
                                                   _req(3, 2, 2, arrival=4)), 4, 30,
                 max_num_batched_tokens=12),
-         "a step's tokens are one per running request (its decode) plus each admitted "
+         "admitted: a step's tokens are one per running request (its decode) plus each admitted "
          "request's whole length (its prefill); the first that would pass "
          "max_num_batched_tokens stops admission"),
         (Replay("preemption with a small request waiting",
                 (_req(0, 8, 8), _req(1, 7, 6), _req(2, 1, 2, arrival=1)), 4, 5),
-         f"{PREEMPT}; a step that preempted admits nobody, and a request that does not fit "
-         "blocks those behind it"),
+         f"{PREEMPT}; admitted: nobody in a step that preempted, and a request that does "
+         "not fit blocks those behind it"),
     ]
 
 
