@@ -115,6 +115,15 @@ def test_the_seeded_traces_preempt_and_the_edge_cases_bind() -> None:
     assert [t for t, _, _ in quiet] != list(range(len(quiet)))  # an idle gap is skipped
     assert max(len(out["running"]) for _, _, out in cases["max_num_seqs binds"]) == 2
 
+    def fits(request: dict[str, int], out: dict[str, Any]) -> bool:
+        return request["length"] // 4 + 1 <= out["free_blocks"]
+
+    for label in ("max_num_seqs binds", "max_num_batched_tokens binds"):  # not the blocks
+        assert any(out["waiting"] and not out["preempted"] and fits(out["waiting"][0], out)
+                   for _, _, out in cases[label]), label
+    assert any(out["preempted"] and any(fits(w, out) for w in out["waiting"])
+               for _, _, out in cases["preemption with a small request waiting"])
+
 
 @st.composite
 def small_servers(draw: st.DrawFn) -> Replay:
