@@ -113,12 +113,11 @@ def simulator_steps(replay: Replay) -> list[tuple[int, State, State]]:
     events: dict[int, list[Event]] = {}
     for event in timeline.events:
         events.setdefault(event.step, []).append(event)
-    arrivals = sorted(replay.trace, key=lambda r: r.arrival)  # stable: trace order on ties
     server = _Server(replay.num_blocks)
     steps = []
     for t in range(len(timeline.batch)):
-        server.waiting += [{"id": r.id, "length": r.prompt_len}
-                           for r in arrivals if r.arrival == t]
+        server.waiting += [{"id": r.id, "length": r.prompt_len}  # arrivals, in trace order
+                           for r in replay.trace if r.arrival == t]
         if not server.running and not server.waiting:
             continue
         before = server.state()
