@@ -18,8 +18,8 @@ from course_lib.attention import KERNEL_MODE
 from course_lib.engine import (
     GenerationRequest,
     ModelConfig,
-    PagedDecode,
     PagedBatch,
+    PagedDecode,
     PagedEngine,
     SamplingParams,
     config_from_hf,

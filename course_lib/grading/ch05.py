@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from course_lib.grading.ch05_step import SCHEDULER_STEP
 from course_lib.grading.check import Case, Exercise, Raises
 from course_lib.kv_math import MODELS, blocks_needed
 from course_lib.scheduler import (
@@ -401,4 +402,5 @@ EXERCISES = (
     Exercise("05.resume_seconds", "The cost of coming back, with the prefix cache",
              _resume_cases),
     Exercise("05.plan_preemptions", "Plan one step's preemptions", _plan_cases),
+    SCHEDULER_STEP,
 )
