@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from course_lib.grading import chapter_exercises, find_exercise
@@ -217,34 +218,149 @@ class DictTables:
             self.pool.free(block)
 
 
-@pytest.mark.parametrize(("name", "design"), [
+def slot_states_numpy(slabs: list[tuple[int, int, int]]) -> list[int]:
+    """Column sums of an array, checked with numpy: a list of numpy ints, not a tuple."""
+    table = np.array(slabs, dtype=np.int64).reshape(-1, 3)
+    reserved, written, final = table.T
+    if ((written < 0) | (written > final) | (final > reserved)).any():
+        raise ValueError(f"impossible slab among {slabs}")
+    return [written.sum(), (final - written).sum(), (reserved - final).sum()]
+
+
+def first_fit_generator(gaps: list[tuple[int, int]], size: int) -> int | None:
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"size {size!r}")
+    return next((start for start, length in gaps if size <= length), None)
+
+
+def no_gap_fits_sorted(gaps: list[tuple[int, int]], need: int) -> list[Any]:
+    if need <= 0:
+        raise ValueError(f"need {need!r}")
+    lengths = sorted(length for _, length in gaps)
+    short = [n for n in lengths if n < need]
+    return [sum(short), len(short) == len(lengths) and sum(lengths) >= need]
+
+
+OTHER_DESIGNS: list[tuple[str, Any]] = [
+    ("02.slot_states", slot_states_numpy),
+    ("02.first_fit", first_fit_generator),
+    ("02.no_gap_fits", no_gap_fits_sorted),
     ("02.reserve_max_arena", TopDownReserveMax),
     ("02.first_fit_arena", BitmapFirstFit),
     ("03.block_pool", StackPool),
     ("03.block_tables", DictTables),
     ("03.last_block", lambda t, b: (math.ceil(t / b), (t - 1) % b + 1 if t else 0)
      if b > 0 and t >= 0 else (_ for _ in ()).throw(ValueError(t))),
-])
+]
+
+
+@pytest.mark.parametrize(("name", "design"), OTHER_DESIGNS)
 def test_other_correct_designs_pass(name: str, design: Any) -> None:
     result = run(name, design)
     assert result.status == "passed", result.report_text()
 
 
-# --- typical mistakes fail with a helpful report --------------------------------------------------
+# --- typical mistakes: each switched on alone in an otherwise correct answer ----------------------
 
 
-class NoMergeFirstFit(LibraryFirstFit):
-    """Frees without merging neighbours: the classic first-fit bug."""
+def slot_states_with(mistake: str) -> Any:
+    def fn(slabs: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+        totals = [0, 0, 0]
+        for reserved, written, final in slabs:
+            ok = {"only_written": written <= final, "no_negative": written <= final <= reserved,
+                  }.get(mistake, 0 <= written <= final <= reserved)
+            if not ok:
+                raise ValueError((reserved, written, final))
+            never = reserved - written if mistake == "never_from_written" else reserved - final
+            pending = reserved - written if mistake == "pending_to_reserved" else final - written
+            for i, value in enumerate((written, pending, never)):
+                totals[i] += value
+        return totals[0], totals[1], totals[2]
+
+    return fn
+
+
+def first_fit_with(mistake: str) -> Any:
+    def fn(gaps: list[tuple[int, int]], size: int) -> int | None:
+        if size < 1 and mistake != "no_check":
+            raise ValueError(size)
+        fitting = [(i, start, length) for i, (start, length) in enumerate(gaps)
+                   if (length > size if mistake == "strict" else length >= size)]
+        if not fitting:
+            return None
+        if mistake == "best_fit":
+            return min(fitting, key=lambda f: f[2])[1]
+        if mistake == "index":
+            return fitting[0][0]
+        if mistake == "last_fit":
+            return fitting[-1][1]
+        return fitting[0][1]
+
+    return fn
+
+
+def no_gap_fits_with(mistake: str) -> Any:
+    def fn(gaps: list[tuple[int, int]], need: int) -> tuple[int, bool]:
+        if need < 1 and mistake != "no_check":
+            raise ValueError(need)
+        lengths = [length for _, length in gaps]
+        short = [n for n in lengths if (n <= need if mistake == "le_short" else n < need)]
+        total, largest = sum(lengths), max(lengths, default=0)
+        blocked = {"strict_total": total > need > largest,
+                   "ignores_largest": total >= need}.get(mistake, total >= need > largest)
+        return sum(short), blocked
+
+    return fn
+
+
+class ReserveMaxWith:
+    """A correct reserve-max arena; ``MISTAKE`` switches one slip on (set in a subclass)."""
+
+    MISTAKE = ""
+
+    def __init__(self, num_slots: int, max_len: int) -> None:
+        end = num_slots if self.MISTAKE == "partial_slab" else num_slots - max_len + 1
+        self.free_starts = list(range(0, end, max_len))
+        self.held: dict[int, int] = {}
+
+    def admit(self, request_id: int) -> int | None:
+        if request_id in self.held and self.MISTAKE != "admit_twice":
+            raise ValueError(request_id)
+        if not self.free_starts:
+            return None
+        self.held[request_id] = self.free_starts.pop(0)
+        return self.held[request_id]
+
+    def release(self, request_id: int) -> None:
+        if request_id not in self.held:
+            if self.MISTAKE == "silent_release":
+                return
+            raise ValueError(request_id)
+        if self.MISTAKE == "keeps_record":
+            self.free_starts.append(self.held[request_id])
+        else:
+            self.free_starts.append(self.held.pop(request_id))
+
+
+def reserve_max_with(mistake: str) -> type:
+    return type(f"ReserveMax_{mistake}", (ReserveMaxWith,), {"MISTAKE": mistake})
+
+
+class FirstFitWith:
+    """A correct gap-list first-fit arena; ``MISTAKE`` switches one slip on."""
+
+    MISTAKE = ""
 
     def __init__(self, num_slots: int) -> None:
         self.gaps, self.held = [(0, num_slots)], {}
 
     def admit(self, request_id: int, size: int) -> int | None:
-        if size < 1 or request_id in self.held:
+        if (size < 1 and self.MISTAKE != "size_zero") or request_id in self.held:
             raise ValueError(request_id)
         for i, (start, length) in enumerate(self.gaps):
-            if length >= size:
+            if length > size or (length == size and self.MISTAKE != "strict"):
                 self.gaps[i] = (start + size, length - size)
+                self.gaps = [g for g in self.gaps if g[1]]
                 self.held[request_id] = (start, size)
                 return start
         return None
@@ -252,61 +368,73 @@ class NoMergeFirstFit(LibraryFirstFit):
     def release(self, request_id: int) -> None:
         if request_id not in self.held:
             raise ValueError(request_id)
-        self.gaps = sorted([*self.gaps, self.held.pop(request_id)])
+        slab = self.held[request_id] if self.MISTAKE == "keeps_record" else self.held.pop(
+            request_id)
+        merged: list[tuple[int, int]] = []
+        for start, length in sorted([*self.gaps, slab]):
+            touches = merged and merged[-1][0] + merged[-1][1] == start
+            if touches and self.MISTAKE != "no_merge" and not (
+                    self.MISTAKE == "merge_after_only" and (start, length) != slab):
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        self.gaps = merged
 
 
-class NoNullPool(StackPool):
-    """Hands out block 0 too."""
-
-    def __init__(self, num_blocks: int) -> None:
-        super().__init__(num_blocks)
-        self.stack.append(0)
+def first_fit_arena_with(mistake: str) -> type:
+    return type(f"FirstFit_{mistake}", (FirstFitWith,), {"MISTAKE": mistake})
 
 
-class EagerTables(DictTables):
-    """Allocates a block on every append, full or not."""
+MISTAKES: list[tuple[str, Any, str]] = [  # (exercise, wrong answer, evidence in a failed case)
+    ("02.slot_states", slot_states_with("never_from_written"), "fn([(8192, 600, 900)"),
+    ("02.slot_states", slot_states_with("pending_to_reserved"), "fn([(8192, 600, 900)"),
+    ("02.slot_states", slot_states_with("only_written"), "final length past the reservation"),
+    ("02.slot_states", slot_states_with("no_negative"), "a negative written count"),
+    ("02.first_fit", first_fit_with("strict"), "fn(gaps=[(0, 10), (20, 50)], size=10)"),
+    ("02.first_fit", first_fit_with("best_fit"), "fn(gaps=[(0, 50), (60, 10)], size=8)"),
+    ("02.first_fit", first_fit_with("index"), "fn(gaps=[(30, 4), (54, 4), (83, 5), (98, 2)]"),
+    ("02.first_fit", first_fit_with("last_fit"), "size=1)"),
+    ("02.first_fit", first_fit_with("no_check"), "size=0)"),
+    ("02.no_gap_fits", no_gap_fits_with("le_short"), "need=5)"),
+    ("02.no_gap_fits", no_gap_fits_with("strict_total"), "need=15)"),
+    ("02.no_gap_fits", no_gap_fits_with("ignores_largest"), "need=5)"),
+    ("02.no_gap_fits", no_gap_fits_with("no_check"), "need=0)"),
+    ("02.reserve_max_arena", reserve_max_with("partial_slab"), "range(5)]"),
+    ("02.reserve_max_arena", reserve_max_with("keeps_record"), "arena.release(0); [arena.admit(0)"),
+    ("02.reserve_max_arena", reserve_max_with("admit_twice"), "arena.admit(0); arena.admit(0)"),
+    ("02.reserve_max_arena", reserve_max_with("silent_release"), "arena.release(42)"),
+    ("02.first_fit_arena", first_fit_arena_with("no_merge"), "release(1); release(0); admit(4"),
+    ("02.first_fit_arena", first_fit_arena_with("keeps_record"), "release(2); admit(2, 25)"),
+    ("02.first_fit_arena", first_fit_arena_with("strict"), "release(1); admit(4, 20)"),
+    ("02.first_fit_arena", first_fit_arena_with("merge_after_only"), "merge"),
+    ("02.first_fit_arena", first_fit_arena_with("size_zero"), "arena.admit(0, 0)"),
+]
 
-    def append_tokens(self, seq_id: str, num_tokens: int = 1) -> None:
-        table, length = self.seqs[seq_id]
-        table.append(self.pool.allocate())
-        self.seqs[seq_id] = (table, length + num_tokens)
+
+def failed_text(result: CheckResult) -> str:
+    return "\n".join(f"{c.call}\n{c.got}\n{c.hint}" for c in result.cases if not c.passed)
+
+
+@pytest.mark.parametrize("name, wrong, evidence", MISTAKES)
+def test_typical_mistakes_fail_with_evidence(name: str, wrong: Any, evidence: str) -> None:
+    result = run(name, wrong)
+    text = result.report_text()
+    assert result.status == "failed", text
+    assert evidence in failed_text(result), text
+    assert "got" in text and "expected" in text and "hint" in text
+
+
+@pytest.mark.parametrize("chapter", ["02"])
+def test_every_exercise_has_three_mistakes_and_another_design(chapter: str) -> None:
+    for exercise in chapter_exercises(chapter):
+        assert sum(name == exercise.name for name, *_ in MISTAKES) >= 3, exercise.name
+        assert any(name == exercise.name for name, _ in OTHER_DESIGNS), exercise.name
 
 
 def failing_report(name: str, obj: Any) -> str:
     result = run(name, obj)
     assert result.status == "failed"
     return result.report_text()
-
-
-@pytest.mark.parametrize(("name", "wrong", "evidence"), [
-    ("02.slot_states", lambda slabs: (sum(w for _, w, _ in slabs), 0, 0),
-     ["FAIL fn([(8192, 600, 900)", "expected (1900, 3300, 19376)", "hint     written slots"]),
-    ("02.first_fit", lambda gaps, size: min(((n, s) for s, n in gaps if n >= size),
-                                            default=(0, None))[1],
-     ["FAIL fn(gaps=[(0, 50), (60, 10)], size=8)", "got      60", "expected 0"]),
-    ("02.no_gap_fits", lambda gaps, need: (sum(n for _, n in gaps if n < need),
-                                           sum(n for _, n in gaps) >= need),
-     ["FAIL fn(gaps=[(30, 4), (54, 4), (83, 5), (98, 2)], need=5)",
-      "got      (10, True)", "expected (10, False)", "but no single gap does"]),
-    ("02.first_fit_arena", NoMergeFirstFit,
-     ["release(1); release(0); admit(4, 45)", "got      [0, 30, 50, 75, None]",
-      "expected [0, 30, 50, 75, 0]", "merge them into one gap"]),
-    ("03.u_paged", lambda t, b: t / (t // b * b) if t % b == 0 else t / ((t // b) * b + 1),
-     ["FAIL fn(tokens=900, block_size=16)", "expected 0.986842105263157", "U_paged = L"]),
-    ("03.block_pool", NoNullPool,
-     ["FAIL pool = cls(8); [pool.allocate() for _ in range(7)]",
-      "expected 7 different ids, each in 1..7 (0 is the null block)"]),
-    ("03.block_tables", EagerTables,
-     ["FAIL m = cls(BlockPool(8, 16)); add_sequence('a', 0); table length after each of 40",
-      "got      [(1, 3), (2, 4, 5), 10]", "expected [(1, 2, 4), (3, 5), 10]",
-      "hint     two sequences interleave"]),
-    ("03.cost_per_million", lambda tokens, steps, s=0.025, p=250.0: p * steps * s / tokens,
-     ["FAIL fn(output_tokens=", "hint     seconds = steps x step_seconds"]),
-])
-def test_typical_mistakes_fail_helpfully(name: str, wrong: Any, evidence: list[str]) -> None:
-    report = failing_report(name, wrong)
-    for piece in evidence:
-        assert piece in report, report
 
 
 def test_a_stub_is_not_yet_solved_and_a_crash_is_evidence() -> None:

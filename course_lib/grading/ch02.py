@@ -71,8 +71,8 @@ def _fragmentation(num_slots: int, gaps: Sequence[Gap], need: int) -> tuple[int,
 
 
 def _slot_states_cases() -> list[Case]:
-    hint = ("written slots hold tokens; final - written are still to be written; "
-            "reserved - final are never written (internal fragmentation)")
+    hint = ("every reserved slot is in exactly one state: it holds a token, it waits for a "
+            "token this request will still write, or it lies past the request's final length")
     scenarios = [
         ("reserve-max", 8192, [(900, 600), (300, 300), (4000, 1000)]),
         ("exact-size", 8192, [(900, 600), (300, 300), (4000, 1000)]),
@@ -91,6 +91,8 @@ def _slot_states_cases() -> list[Case]:
                       lambda fn: fn([(100, 60, 50)]), Raises(ValueError), bad))
     cases.append(Case("fn([(100, 10, 120)])  # final length past the reservation",
                       lambda fn: fn([(100, 10, 120)]), Raises(ValueError), bad))
+    cases.append(Case("fn([(100, 20, 50), (40, -3, 30)])  # a negative written count",
+                      lambda fn: fn([(100, 20, 50), (40, -3, 30)]), Raises(ValueError), bad))
     return cases
 
 
@@ -102,8 +104,8 @@ FIGURE_GAPS: list[Gap] = [(30, 4), (54, 4), (83, 5), (98, 2)]
 
 
 def _first_fit_cases() -> list[Case]:
-    hint = ("scan the gaps in address order and return the start of the first one whose "
-            "length is at least size (an exact fit counts); None when none is")
+    hint = ("first fit means the lowest address that holds the whole slab, not the best or "
+            "the largest gap; a gap of exactly size slots holds it")
     layouts = [
         (100, FIGURE_GAPS, 4), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 1),
         (100, FIGURE_GAPS, 8), (100, [(0, 50), (60, 10)], 8), (100, [(0, 10), (20, 50)], 10),
@@ -125,12 +127,13 @@ def _first_fit_cases() -> list[Case]:
 
 
 def _no_gap_fits_cases() -> list[Case]:
-    hint = ("stranded = total length of the gaps shorter than need; blocked = the gaps "
-            "together hold need slots, but no single gap does")
+    hint = ("stranded counts the free slots this request can never use where they are; "
+            "blocked means the free memory would be enough in total, yet the request cannot "
+            "start")
     layouts = [
         (100, FIGURE_GAPS, 8), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 16),
         (100, FIGURE_GAPS, 1), (491_520, [(1_000, 484), (90_000, 1_107)], 1_206),
-        (100, [(10, 90)], 90),
+        (100, [(10, 90)], 90), (100, FIGURE_GAPS, 15),
     ]
     cases = [
         Case(f"fn(gaps={gaps}, need={need})", lambda fn, g=gaps, s=need: tuple(fn(list(g), s)),
@@ -218,6 +221,21 @@ def _release_unknown(cls: Any) -> Any:
     return arena.release(42)
 
 
+def _readmit(cls: Any) -> list[Any]:
+    """Admit 0 and 1, release 0, admit 0 again: a released id is a new request."""
+    arena = cls(100, 30)
+    starts = [arena.admit(0), arena.admit(1)]
+    arena.release(0)
+    return [arena.admit(0), starts[1]]
+
+
+def _release_twice(cls: Any) -> Any:
+    arena = cls(100, 30)
+    arena.admit(0)
+    arena.release(0)
+    return arena.release(0)
+
+
 def _reserve_max_cases() -> list[Case]:
     hint = ("every request reserves max_len contiguous slots; admit returns the first slot "
             "of its slab, or None when no free run of max_len slots is left")
@@ -242,6 +260,13 @@ def _reserve_max_cases() -> list[Case]:
              "admissions granted before the first None",
              lambda cls: _granted_until_full(cls, guide_slots, guide_len), sixty,
              "the source guide's 60 GiB arena: whole max_len slabs only"),
+        Case("arena = cls(100, 30); starts = [arena.admit(0), arena.admit(1)]; "
+             "arena.release(0); [arena.admit(0), starts[1]]", _readmit,
+             _inside_and_apart(100, 2, 30), "once released, a request holds nothing: the same "
+             "id may be admitted again", compare=satisfies),
+        Case("arena = cls(100, 30); arena.admit(0); arena.release(0); arena.release(0)",
+             _release_twice, Raises(ValueError), "after release the request holds no slab, so "
+             "a second release is a bug: raise ValueError naming the id"),
         Case("arena = cls(100, 30); arena.admit(0); arena.admit(0)", _admit_twice,
              Raises(ValueError), "a request that already holds a slab cannot be admitted "
              "again: raise ValueError naming the id"),
@@ -307,6 +332,8 @@ def _first_fit_arena_cases() -> list[Case]:
          [*fill, ("release", 0, 0), ("release", 2, 0), ("release", 1, 0), ("admit", 4, 75)]),
         ("first fit, not best fit: the lowest address wins even when a tighter gap exists",
          [*fill, ("release", 0, 0), ("release", 3, 0), ("admit", 4, 8)]),
+        ("a released request holds nothing: the same id may be admitted again",
+         [*fill, ("release", 2, 0), ("admit", 2, 25), ("release", 2, 0), ("admit", 2, 10)]),
         ("fragmentation: half the arena free in ten gaps, and a 20-slot request fits none",
          [*(("admit", i, 10) for i in range(10)), *(("release", i, 0) for i in range(0, 10, 2)),
           ("admit", 10, 20), ("admit", 11, 10)]),
@@ -323,6 +350,9 @@ def _first_fit_arena_cases() -> list[Case]:
          "releasing a request that holds no slab is a bug: raise ValueError naming the id"),
         ("arena = cls(100); arena.admit(0, 0)", [("admit", 0, 0)],
          "a slab of 0 slots is a mistake: raise ValueError"),
+        ("arena = cls(100); arena.admit(0, 10); arena.release(0); arena.release(0)",
+         [("admit", 0, 10), ("release", 0, 0), ("release", 0, 0)],
+         "a released request holds no slab any more: raise ValueError on a second release"),
     ]
     cases += [Case(call, lambda cls, s=script: _run_script(cls(100), s), Raises(ValueError), hint)
               for call, script, hint in errors]
