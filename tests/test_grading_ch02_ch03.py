@@ -4,6 +4,7 @@ call, what came back, what was expected and a hint."""
 
 from __future__ import annotations
 
+import heapq
 import math
 import shutil
 from pathlib import Path
@@ -11,14 +12,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.grading import chapter_exercises, find_exercise
 from course_lib.grading.ch02 import _LibraryFirstFit as LibraryFirstFit
+from course_lib.grading.ch03 import LibraryTables, LowestFirstPool, cost_per_million
 from course_lib.grading.check import CheckResult, evaluate
 from course_lib.grading.grade import grade_folder
-from course_lib.kv_math import blocks_needed, paged_utilization
-from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
-from course_lib.simulator import CostModel
+from course_lib.kv_math import blocks_needed
+from course_lib.paged import OutOfBlocks
 from course_lib.slab import SlabAllocator
 from course_lib.viz.arena_view import ArenaFrame, Reservation, arena_stats
 
@@ -83,13 +86,11 @@ def last_block(tokens: int, block_size: int) -> tuple[int, int]:
     return blocks, tokens - (blocks - 1) * block_size if blocks else 0
 
 
-def cost_per_million(output_tokens: int, steps: int, step_seconds: float = 0.025,
-                     price_per_hour: float = 250.0) -> float:
-    costs = CostModel(step_seconds=step_seconds, price_per_hour=price_per_hour)
-    if output_tokens <= 0:
-        raise ValueError(f"output_tokens must be positive, got {output_tokens!r}")
-    seconds = steps * costs.step_time(0, 0, 0, 0)
-    return costs.price_per_hour * seconds / 3600 / output_tokens * 1e6
+def batch_u(lengths: list[int], block_size: int) -> float:
+    """Through the library's per-sequence helpers: tokens over slots, pooled."""
+    if block_size < 1 or any(n < 0 for n in lengths) or not sum(lengths):
+        raise ValueError(f"no utilisation for {lengths} in blocks of {block_size}")
+    return sum(lengths) / sum(blocks_needed(n, block_size) * block_size for n in lengths)
 
 
 LIBRARY: dict[str, Any] = {
@@ -99,9 +100,9 @@ LIBRARY: dict[str, Any] = {
     "02.reserve_max_arena": LibraryReserveMax,
     "02.first_fit_arena": LibraryFirstFit,
     "03.last_block": last_block,
-    "03.u_paged": paged_utilization,
-    "03.block_pool": lambda num_blocks: BlockPool(num_blocks, 16),
-    "03.block_tables": PagedKVManager,
+    "03.u_paged": batch_u,
+    "03.block_pool": LowestFirstPool,
+    "03.block_tables": LibraryTables,
     "03.cost_per_million": cost_per_million,
 }
 
@@ -170,54 +171,6 @@ class BitmapFirstFit:
         self.owner = [None if o == request_id else o for o in self.owner]
 
 
-class StackPool:
-    """LIFO free list, num_free as a method: a different design from the library's."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self.stack = list(range(num_blocks - 1, 0, -1))
-
-    def num_free(self) -> int:
-        return len(self.stack)
-
-    def allocate(self) -> int:
-        if not self.stack:
-            raise OutOfBlocks(1, 0)
-        return self.stack.pop()
-
-    def free(self, block_id: int) -> None:
-        if not 0 < block_id < self.num_blocks or block_id in self.stack:
-            raise ValueError(f"cannot free block {block_id!r}")
-        self.stack.append(block_id)
-
-
-class DictTables:
-    """Block tables kept as (table, length) pairs in a dict."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool, self.seqs = pool, {}
-        self.block_size = pool.block_size
-
-    def add_sequence(self, seq_id: str, num_tokens: int) -> None:
-        self.seqs[seq_id] = ([], 0)
-        self.append_tokens(seq_id, num_tokens)
-
-    def append_tokens(self, seq_id: str, num_tokens: int = 1) -> None:
-        table, length = self.seqs[seq_id]
-        while len(table) * self.block_size < length + num_tokens:
-            table.append(self.pool.allocate())
-        self.seqs[seq_id] = (table, length + num_tokens)
-
-    def block_table(self, seq_id: str) -> list[int]:
-        return self.seqs[seq_id][0]
-
-    def free_sequence(self, seq_id: str) -> None:
-        if seq_id not in self.seqs:
-            raise ValueError(f"unknown sequence {seq_id!r}")
-        for block in self.seqs.pop(seq_id)[0]:
-            self.pool.free(block)
-
-
 def slot_states_numpy(slabs: list[tuple[int, int, int]]) -> list[int]:
     """Column sums of an array, checked with numpy: a list of numpy ints, not a tuple."""
     table = np.array(slabs, dtype=np.int64).reshape(-1, 3)
@@ -241,16 +194,133 @@ def no_gap_fits_sorted(gaps: list[tuple[int, int]], need: int) -> list[Any]:
     return [sum(short), len(short) == len(lengths) and sum(lengths) >= need]
 
 
+class HeapPool:
+    """Lowest first with a heap and an in-use set; num_free as a method."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.heap = list(range(1, num_blocks))
+        self.in_use: set[int] = set()
+
+    def num_free(self) -> int:
+        return len(self.heap)
+
+    def allocate(self) -> int:
+        if not self.heap:
+            raise OutOfBlocks(1, 0)
+        block = heapq.heappop(self.heap)
+        self.in_use.add(block)
+        return block
+
+    def free(self, block_id: int) -> None:
+        if block_id not in self.in_use:
+            raise ValueError(f"block {block_id!r} is not in use")
+        self.in_use.remove(block_id)
+        heapq.heappush(self.heap, block_id)
+
+
+class BitmapPool:
+    """Lowest first by scanning a list of flags (slow, and just as correct)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.used = [True] + [False] * (num_blocks - 1)
+
+    @property
+    def num_free(self) -> int:
+        return self.used.count(False)
+
+    def allocate(self) -> int:
+        if all(self.used):
+            raise OutOfBlocks(1, 0)
+        block = self.used.index(False)
+        self.used[block] = True
+        return block
+
+    def free(self, block_id: int) -> None:
+        if not 0 < block_id < len(self.used) or not self.used[block_id]:
+            raise ValueError(f"cannot free block {block_id!r}")
+        self.used[block_id] = False
+
+
+class SlotListTables:
+    """Keeps every token's slot (not the length): the table is derived from the slots."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.slots = pool, {}
+
+    def add_sequence(self, seq_id: str, num_tokens: int) -> list[int]:
+        if seq_id in self.slots or num_tokens < 0:
+            raise ValueError(f"cannot add {seq_id!r} with {num_tokens!r} tokens")
+        self.slots[seq_id] = []
+        try:
+            return self._grow(seq_id, num_tokens)
+        except OutOfBlocks:
+            del self.slots[seq_id]
+            raise
+
+    def append_tokens(self, seq_id: str, num_tokens: int = 1) -> list[int]:
+        if seq_id not in self.slots or num_tokens < 1:
+            raise ValueError(f"cannot append {num_tokens!r} to {seq_id!r}")
+        return self._grow(seq_id, num_tokens)
+
+    def _grow(self, seq_id: str, count: int) -> list[int]:
+        size, slots = self.pool.block_size, self.slots[seq_id]
+        room = -len(slots) % size
+        needed = -(-(count - room) // size) if count > room else 0
+        if needed > self.pool.num_free:
+            raise OutOfBlocks(needed, self.pool.num_free)
+        new = [slots[-1] + 1 + i for i in range(min(room, count))] if room else []
+        for _ in range(needed):
+            block = self.pool.allocate()
+            new += [block * size + i for i in range(size)]
+        new = new[:count]
+        slots.extend(new)
+        return new
+
+    def block_table(self, seq_id: str) -> list[int]:
+        if seq_id not in self.slots:
+            raise ValueError(f"unknown sequence {seq_id!r}")
+        return [s // self.pool.block_size for s in self.slots[seq_id][::self.pool.block_size]]
+
+    def free_sequence(self, seq_id: str) -> None:
+        for block in self.block_table(seq_id):
+            self.pool.free(block)
+        del self.slots[seq_id]
+
+
+def cost_by_phases(steps: list[tuple[int, int, int]], bytes_per_token: int,
+                   step_seconds: float = 0.025, kv_read_bandwidth: float = 3e12,
+                   prefill_seconds_per_token: float = 4e-5,
+                   price_per_hour: float = 250.0) -> float:
+    """Sums each time term over the run first, then prices: another order of operations."""
+    decoded = sum(d for d, _, _ in steps)
+    if decoded < 1:
+        raise ValueError(f"no decoded tokens in {len(steps)} steps")
+    seconds = (len(steps) * step_seconds
+               + sum(kv for _, kv, _ in steps) * bytes_per_token / kv_read_bandwidth
+               + sum(p for _, _, p in steps) * prefill_seconds_per_token)
+    return seconds / 3600 * price_per_hour * 1_000_000 / decoded
+
+
+def batch_u_numpy(lengths: list[int], block_size: int) -> float:
+    array = np.asarray(lengths, dtype=np.int64)
+    if block_size < 1 or (array < 0).any() or array.sum() == 0:
+        raise ValueError(f"no utilisation for {lengths}")
+    return float(array.sum() / (np.ceil(array / block_size) * block_size).sum())
+
+
 OTHER_DESIGNS: list[tuple[str, Any]] = [
     ("02.slot_states", slot_states_numpy),
     ("02.first_fit", first_fit_generator),
     ("02.no_gap_fits", no_gap_fits_sorted),
     ("02.reserve_max_arena", TopDownReserveMax),
     ("02.first_fit_arena", BitmapFirstFit),
-    ("03.block_pool", StackPool),
-    ("03.block_tables", DictTables),
     ("03.last_block", lambda t, b: (math.ceil(t / b), (t - 1) % b + 1 if t else 0)
      if b > 0 and t >= 0 else (_ for _ in ()).throw(ValueError(t))),
+    ("03.u_paged", batch_u_numpy),
+    ("03.block_pool", HeapPool),
+    ("03.block_pool", BitmapPool),
+    ("03.block_tables", SlotListTables),
+    ("03.cost_per_million", cost_by_phases),
 ]
 
 
@@ -411,6 +481,181 @@ MISTAKES: list[tuple[str, Any, str]] = [  # (exercise, wrong answer, evidence in
 ]
 
 
+def last_block_with(mistake: str) -> Any:
+    def fn(tokens: int, block_size: int) -> tuple[int, int]:
+        if block_size < 1 or (tokens < 0 and mistake != "no_negative"):
+            raise ValueError((tokens, block_size))
+        blocks = tokens // block_size if mistake == "floor" else -(-tokens // block_size)
+        if mistake == "modulo":
+            return blocks, tokens % block_size
+        if mistake == "empty_full":
+            return blocks, (tokens - 1) % block_size + 1
+        return blocks, tokens - (blocks - 1) * block_size if blocks else 0
+
+    return fn
+
+
+def batch_u_with(mistake: str) -> Any:
+    def fn(lengths: list[int], block_size: int) -> float:
+        if block_size < 1 or not sum(lengths) or (
+                mistake != "no_negative" and any(n < 0 for n in lengths)):
+            raise ValueError(lengths)
+        held = [max(1, blocks_needed(n, block_size)) if mistake == "empty_takes_block"
+                else (n // block_size or 1 if mistake == "floor" else -(-n // block_size))
+                for n in lengths]
+        if mistake == "mean_of_ratios":
+            return sum(n / (h * block_size) for n, h in zip(lengths, held, strict=True)
+                       if n) / len([n for n in lengths if n])
+        return sum(lengths) / (sum(held) * block_size)
+
+    return fn
+
+
+class PoolWith(HeapPool):
+    MISTAKE = ""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.size = num_blocks
+        if self.MISTAKE == "hands_out_null":
+            self.heap.insert(0, 0)
+
+    def num_free(self) -> int:
+        return len(self.heap) + (self.MISTAKE == "counts_null")
+
+    def free(self, block_id: int) -> None:
+        if self.MISTAKE == "range_check_only":
+            if not 0 < block_id < self.size:
+                raise ValueError(block_id)
+            self.in_use.discard(block_id)
+            heapq.heappush(self.heap, block_id)
+            return
+        super().free(block_id)
+
+
+def pool_with(mistake: str) -> type:
+    return type(f"Pool_{mistake}", (PoolWith,), {"MISTAKE": mistake})
+
+
+class FifoPool(LowestFirstPool):
+    """The lecture's free queue, transcribed: correct checks, but not lowest first."""
+
+    def allocate(self) -> int:
+        return self.pool.allocate()
+
+
+class TablesWith:
+    """Block tables as (table, length) in a dict; ``MISTAKE`` switches one slip on."""
+
+    MISTAKE = ""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.seqs = pool, {}
+        self.freed: dict[str, Any] = {}
+
+    def add_sequence(self, seq_id: str, num_tokens: int) -> list[int]:
+        if seq_id in self.seqs or seq_id in self.freed or num_tokens < 0:
+            raise ValueError(seq_id)
+        if self.MISTAKE == "add_not_atomic":
+            self.seqs[seq_id] = ([], 0)
+            return self._grow(seq_id, num_tokens)
+        self.seqs[seq_id] = ([], 0)
+        try:
+            return self._grow(seq_id, num_tokens)
+        except OutOfBlocks:
+            del self.seqs[seq_id]
+            raise
+
+    def append_tokens(self, seq_id: str, num_tokens: int = 1) -> list[int]:
+        if seq_id not in self.seqs or num_tokens < 1:
+            raise ValueError(seq_id)
+        return self._grow(seq_id, num_tokens)
+
+    def _grow(self, seq_id: str, count: int) -> list[int]:
+        size = self.pool.block_size
+        table, length = self.seqs[seq_id]
+        target = length + count
+        needed = -(-target // size) - len(table)
+        if self.MISTAKE == "eager":
+            needed = max(needed, 1)
+        if self.MISTAKE == "floor":
+            needed = target // size - len(table)
+        if needed > self.pool.num_free and self.MISTAKE != "not_atomic":
+            raise OutOfBlocks(needed, self.pool.num_free)
+        for _ in range(max(needed, 0)):
+            table.append(self.pool.allocate())
+        self.seqs[seq_id] = (table, target)
+        if self.MISTAKE == "slot_ignores_table":
+            return list(range(length, target))
+        return [table[p // size] * size + p % size for p in range(length, target)]
+
+    def block_table(self, seq_id: str) -> list[int]:
+        if seq_id in self.freed:
+            return self.freed[seq_id]
+        if seq_id not in self.seqs:
+            raise ValueError(seq_id)
+        return list(self.seqs[seq_id][0])
+
+    def free_sequence(self, seq_id: str) -> None:
+        if seq_id not in self.seqs:
+            raise ValueError(seq_id)
+        table, _ = self.seqs.pop(seq_id)
+        for block in table:
+            self.pool.free(block)
+        if self.MISTAKE == "keeps_record":
+            self.freed[seq_id] = table
+
+
+def tables_with(mistake: str) -> type:
+    return type(f"Tables_{mistake}", (TablesWith,), {"MISTAKE": mistake})
+
+
+def cost_with(mistake: str) -> Any:
+    def fn(steps: list[tuple[int, int, int]], bytes_per_token: int, step_seconds: float = 0.025,
+           kv_read_bandwidth: float = 3e12, prefill_seconds_per_token: float = 4e-5,
+           price_per_hour: float = 250.0) -> float:
+        if mistake == "no_idle":
+            steps = [s for s in steps if s[0]]
+        decoded = sum(d + (p if mistake == "prefill_as_output" else 0) for d, _, p in steps)
+        if decoded < 1:
+            raise ValueError(steps)
+        kv_bytes = 0 if mistake == "no_kv" else bytes_per_token
+        seconds = sum(step_seconds + kv * kv_bytes / kv_read_bandwidth
+                      + p * prefill_seconds_per_token for _, kv, p in steps)
+        per_token = seconds / (1 if mistake == "seconds_not_hours" else 3600) \
+            * price_per_hour / decoded
+        return per_token if mistake == "per_token" else per_token * 1e6
+
+    return fn
+
+
+MISTAKES += [
+    ("03.last_block", last_block_with("modulo"), "fn(tokens=896, block_size=16)"),
+    ("03.last_block", last_block_with("floor"), "fn(tokens=900, block_size=16)"),
+    ("03.last_block", last_block_with("empty_full"), "fn(tokens=0, block_size=16)"),
+    ("03.last_block", last_block_with("no_negative"), "fn(tokens=-1, block_size=16)"),
+    ("03.u_paged", batch_u_with("mean_of_ratios"), "lengths=[1, 17, 33]"),
+    ("03.u_paged", batch_u_with("floor"), "lengths=[900]"),
+    ("03.u_paged", batch_u_with("empty_takes_block"), "lengths=[900, 0, 16]"),
+    ("03.u_paged", batch_u_with("no_negative"), "lengths=[10, -1]"),
+    ("03.block_pool", FifoPool, "free(5); free(2); allocate()"),
+    ("03.block_pool", pool_with("hands_out_null"), "null block"),
+    ("03.block_pool", pool_with("counts_null"), "num_free counts"),
+    ("03.block_pool", pool_with("range_check_only"), "a double free"),
+    ("03.block_tables", tables_with("eager"), "table length after each of 40"),
+    ("03.block_tables", tables_with("not_atomic"), "a needs 2 more blocks and 1 is free"),
+    ("03.block_tables", tables_with("add_not_atomic"), "b is not created"),
+    ("03.block_tables", tables_with("slot_ignores_table"), "two sequences interleave"),
+    ("03.block_tables", tables_with("floor"), "raised IndexError"),
+    ("03.block_tables", tables_with("keeps_record"), "its id may start again"),
+    ("03.cost_per_million", cost_with("no_idle"), "an idle step costs time too"),
+    ("03.cost_per_million", cost_with("no_kv"), "one step of 60 requests"),
+    ("03.cost_per_million", cost_with("prefill_as_output"), "a prefill step, then decode"),
+    ("03.cost_per_million", cost_with("seconds_not_hours"), "every step costs time"),
+    ("03.cost_per_million", cost_with("per_token"), "(millions of them)"),
+]
+
+
 def failed_text(result: CheckResult) -> str:
     return "\n".join(f"{c.call}\n{c.got}\n{c.hint}" for c in result.cases if not c.passed)
 
@@ -424,7 +669,7 @@ def test_typical_mistakes_fail_with_evidence(name: str, wrong: Any, evidence: st
     assert "got" in text and "expected" in text and "hint" in text
 
 
-@pytest.mark.parametrize("chapter", ["02"])
+@pytest.mark.parametrize("chapter", ["02", "03"])
 def test_every_exercise_has_three_mistakes_and_another_design(chapter: str) -> None:
     for exercise in chapter_exercises(chapter):
         assert sum(name == exercise.name for name, *_ in MISTAKES) >= 3, exercise.name
@@ -463,3 +708,38 @@ def test_grader_gives_the_solutions_full_marks_and_the_exercises_none(tmp_path: 
         mine = [r for r in rows if r.learner == learner]
         assert {r.exercise for r in mine} == expected
         assert all((r.score, r.status) == (score, status) for r in mine), mine
+
+
+@pytest.mark.parametrize("chapter", ["02", "03"])
+def test_no_hint_states_a_formula(chapter: str) -> None:
+    for exercise in chapter_exercises(chapter):
+        for case in exercise.cases():
+            assert not any(sign in case.hint for sign in (" x ", "//", "ceil(", " / ")), case.hint
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 9)), max_size=40))
+def test_the_lowest_first_reference_agrees_with_a_heap(ops: list[tuple[bool, int]]) -> None:
+    """Any allocate/free script: same ids, same refusals, same num_free."""
+    pools = [LowestFirstPool(10), HeapPool(10)]
+    for is_allocate, block in ops:
+        outcomes = []
+        for pool in pools:
+            try:
+                outcomes.append(pool.allocate() if is_allocate else pool.free(block))
+            except (OutOfBlocks, ValueError) as error:
+                outcomes.append(type(error))
+        assert outcomes[0] == outcomes[1]
+        assert pools[0].num_free == pools[1].num_free()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=8).filter(any),
+       st.sampled_from([1, 4, 16, 128]))
+def test_batch_utilisation_is_pooled_and_bounded(lengths: list[int], block_size: int) -> None:
+    from course_lib.grading.ch03 import batch_utilization
+
+    u = batch_utilization(lengths, block_size)
+    assert u == pytest.approx(batch_u(lengths, block_size))
+    held = sum(blocks_needed(n, block_size) for n in lengths)
+    assert sum(lengths) / (sum(lengths) + held * (block_size - 1)) <= u + 1e-12 <= 1 + 1e-12
