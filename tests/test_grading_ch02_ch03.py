@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib.grading import chapter_exercises, find_exercise
+from course_lib.grading.ch02 import GrowingReference
 from course_lib.grading.ch02 import _LibraryFirstFit as LibraryFirstFit
 from course_lib.grading.ch03 import LibraryTables, LowestFirstPool, cost_per_million
 from course_lib.grading.check import CheckResult, evaluate
@@ -99,6 +100,7 @@ LIBRARY: dict[str, Any] = {
     "02.no_gap_fits": no_gap_fits,
     "02.reserve_max_arena": LibraryReserveMax,
     "02.first_fit_arena": LibraryFirstFit,
+    "02.growing_arena": GrowingReference,
     "03.last_block": last_block,
     "03.u_paged": batch_u,
     "03.block_pool": LowestFirstPool,
@@ -169,6 +171,66 @@ class BitmapFirstFit:
         if request_id not in self.owner:
             raise ValueError(f"request {request_id} holds no slab")
         self.owner = [None if o == request_id else o for o in self.owner]
+
+
+class GrowingGaps:
+    """A growing arena that keeps slabs only and derives the gaps; ``MISTAKE`` switches one
+    slip on (empty: correct)."""
+
+    MISTAKE = ""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots, self.slabs, self.copied = num_slots, {}, 0
+        self.known: set[int] = set()
+
+    def _first(self, size: int, ignore: int | None = None) -> int | None:
+        cursor = 0
+        taken = sorted(v for k, v in self.slabs.items() if k != ignore)
+        for start, length in [*taken, (self.num_slots, 0)]:
+            gap = start - cursor
+            if gap > size or (gap == size and self.MISTAKE != "strict"):
+                return cursor
+            cursor = max(cursor, start + length)
+        return None
+
+    def admit(self, request_id: int, length: int) -> int | None:
+        if request_id in self.known or length < 1:
+            raise ValueError(f"cannot admit {request_id!r} with {length!r} slots")
+        start = self._first(length)
+        if start is not None:
+            self.slabs[request_id] = (start, length)
+            self.known.add(request_id)
+        return start
+
+    def append(self, request_id: int) -> int | None:
+        if request_id not in self.slabs:
+            raise ValueError(f"request {request_id!r} holds no slab")
+        start, size = self.slabs[request_id]
+        end = start + size
+        inside = end < self.num_slots or self.MISTAKE == "past_end"
+        free = inside and not any(s <= end < s + n for s, n in self.slabs.values())
+        if free and self.MISTAKE != "always_move":
+            self.slabs[request_id] = (start, size + 1)
+            return start
+        new = self._first(size + 1, request_id if self.MISTAKE == "own_slots_free" else None)
+        if new is None:
+            if self.MISTAKE == "refused_frees":
+                del self.slabs[request_id]
+            return None
+        self.slabs[request_id] = (new, size + 1)
+        self.copied += size + (self.MISTAKE == "copies_new_size")
+        return new
+
+    def release(self, request_id: int) -> None:
+        if request_id not in self.known:
+            raise ValueError(f"request {request_id!r} holds no slab")
+        del self.slabs[request_id]
+        if self.MISTAKE != "keeps_record":
+            self.known.remove(request_id)
+
+
+def growing_with(mistake: str) -> type:
+    return type(f"Growing_{mistake}", (GrowingGaps,), {"MISTAKE": mistake})
 
 
 def slot_states_numpy(slabs: list[tuple[int, int, int]]) -> list[int]:
@@ -314,6 +376,7 @@ OTHER_DESIGNS: list[tuple[str, Any]] = [
     ("02.no_gap_fits", no_gap_fits_sorted),
     ("02.reserve_max_arena", TopDownReserveMax),
     ("02.first_fit_arena", BitmapFirstFit),
+    ("02.growing_arena", GrowingGaps),
     ("03.last_block", lambda t, b: (math.ceil(t / b), (t - 1) % b + 1 if t else 0)
      if b > 0 and t >= 0 else (_ for _ in ()).throw(ValueError(t))),
     ("03.u_paged", batch_u_numpy),
@@ -630,6 +693,13 @@ def cost_with(mistake: str) -> Any:
 
 
 MISTAKES += [
+    ("02.growing_arena", growing_with("always_move"), "grows in place while the next slot"),
+    ("02.growing_arena", growing_with("own_slots_free"), "still holds its old slots"),
+    ("02.growing_arena", growing_with("strict"), "exactly length + 1"),
+    ("02.growing_arena", growing_with("past_end"), "the arena ends after its last slot"),
+    ("02.growing_arena", growing_with("refused_frees"), "a refused append changes nothing"),
+    ("02.growing_arena", growing_with("copies_new_size"), "every move copies"),
+    ("02.growing_arena", growing_with("keeps_record"), "release(0); release(0)"),
     ("03.last_block", last_block_with("modulo"), "fn(tokens=896, block_size=16)"),
     ("03.last_block", last_block_with("floor"), "fn(tokens=900, block_size=16)"),
     ("03.last_block", last_block_with("empty_full"), "fn(tokens=0, block_size=16)"),

@@ -359,6 +359,127 @@ def _first_fit_arena_cases() -> list[Case]:
     return cases
 
 
+# --- exercise 6: grow in place, or move -----------------------------------------------------
+
+
+class GrowingReference:
+    """The expected behaviour of a growing arena, slot by slot (one owner per slot)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.owner: list[int | None] = [None] * num_slots
+        self.slabs: dict[int, tuple[int, int]] = {}
+        self.copied = 0
+
+    def _lowest_run(self, size: int) -> int | None:
+        run = 0
+        for slot, owner in enumerate(self.owner):
+            run = run + 1 if owner is None else 0
+            if run == size:
+                return slot - size + 1
+        return None
+
+    def _place(self, request_id: int, start: int, size: int) -> int:
+        self.owner[start:start + size] = [request_id] * size
+        self.slabs[request_id] = (start, size)
+        return start
+
+    def admit(self, request_id: int, length: int) -> int | None:
+        if request_id in self.slabs or length < 1:
+            raise ValueError(f"cannot admit {request_id!r} with {length!r} slots")
+        start = self._lowest_run(length)
+        return None if start is None else self._place(request_id, start, length)
+
+    def _held(self, request_id: int) -> tuple[int, int]:
+        if request_id not in self.slabs:
+            raise ValueError(f"request {request_id!r} holds no slab")
+        return self.slabs[request_id]
+
+    def append(self, request_id: int) -> int | None:
+        start, size = self._held(request_id)
+        end = start + size
+        if end < len(self.owner) and self.owner[end] is None:
+            return self._place(request_id, start, size + 1)
+        new = self._lowest_run(size + 1)
+        if new is None:
+            return None
+        self.owner[start:end] = [None] * size
+        self.copied += size
+        return self._place(request_id, new, size + 1)
+
+    def release(self, request_id: int) -> None:
+        start, size = self._held(request_id)
+        del self.slabs[request_id]
+        self.owner[start:start + size] = [None] * size
+
+
+Move = tuple[str, int, int]
+"""``("admit", request_id, length)``, ``("append", request_id, 0)`` or ``("release", id, 0)``."""
+
+
+def _copied(arena: Any) -> Any:
+    """``arena.copied`` whether the learner wrote an attribute, a property or a method."""
+    value = arena.copied
+    return value() if callable(value) else value
+
+
+def _grow_script(arena: Any, script: Sequence[Move]) -> list[Any]:
+    """Replay ``script``: what every admit and append returned, then the slots copied."""
+    seen = []
+    for op, rid, length in script:
+        if op == "release":
+            arena.release(rid)
+        else:
+            seen.append(arena.admit(rid, length) if op == "admit" else arena.append(rid))
+    return [*seen, _copied(arena)]
+
+
+def _grow_text(num_slots: int, script: Sequence[Move]) -> str:
+    calls = {"admit": "admit({}, {})", "append": "append({})", "release": "release({})"}
+    shown = "; ".join(calls[op].format(rid, n) if op == "admit" else calls[op].format(rid)
+                      for op, rid, n in script)
+    return f"arena = cls({num_slots}); {shown}  -> [each admit and append, arena.copied]"
+
+
+def _growing_cases() -> list[Case]:
+    grow = [("append", 0, 0)]
+    scripts: list[tuple[int, list[Move], str]] = [
+        (40, [("admit", 0, 10), *grow * 3], "a slab grows in place while the next slot is free"),
+        (40, [("admit", 0, 10), ("admit", 1, 10), *grow, ("admit", 2, 10)],
+         "a neighbour blocks: the slab moves whole to the lowest gap that holds it, and its "
+         "old slots are free again"),
+        (30, [("admit", 9, 5), ("admit", 0, 10), ("admit", 2, 5), ("release", 9, 0), *grow],
+         "while it is copied the slab still holds its old slots: they cannot be part of the "
+         "new place"),
+        (40, [("admit", 0, 10), ("admit", 1, 5), ("admit", 2, 11), ("admit", 3, 4),
+              ("release", 2, 0), *grow],
+         "a gap of exactly length + 1 slots holds the grown slab"),
+        (20, [("admit", 0, 10), ("admit", 1, 10), ("append", 1, 0), *grow, ("release", 1, 0),
+              *grow],
+         "the arena ends after its last slot; a refused append changes nothing, so once room "
+         "appears the slab still holds its own slots and grows in place"),
+        (40, [("admit", 5, 5), ("admit", 0, 10), ("admit", 1, 1), ("release", 5, 0), *grow,
+              ("admit", 2, 15)],
+         "the slots a moved slab leaves behind join the free slots next to them"),
+        (60, [("admit", 0, 10), ("admit", 1, 10), *grow, ("admit", 2, 12), *grow,
+              ("append", 2, 0), ("admit", 3, 11)],
+         "every move copies the slab's tokens; a slab that fits nowhere gets None"),
+    ]
+    cases = [Case(_grow_text(n, script), lambda cls, n=n, s=script: _grow_script(cls(n), s),
+                  _grow_script(GrowingReference(n), script), why)
+             for n, script, why in scripts]
+    errors = [
+        ([("append", 7, 0)], "appending to a request that holds no slab is a bug"),
+        ([("admit", 0, 5), ("admit", 0, 5)], "a request holds one slab"),
+        ([("admit", 0, 0)], "a slab of 0 slots is a mistake"),
+        ([("admit", 0, 5), ("release", 0, 0), ("release", 0, 0)],
+         "a released request holds no slab"),
+    ]
+    cases += [Case(_grow_text(40, script), lambda cls, s=script: _grow_script(cls(40), s),
+                   Raises(ValueError), f"{why}: raise ValueError naming the id or the size")
+              for script, why in errors]
+    return cases
+
+
 EXERCISES = (
     Exercise("02.slot_states", "Written, still to write, never written", _slot_states_cases),
     Exercise("02.first_fit", "First-fit gap search", _first_fit_cases),
@@ -366,4 +487,5 @@ EXERCISES = (
     Exercise("02.reserve_max_arena", "A reserve-max arena: admit and release",
              _reserve_max_cases),
     Exercise("02.first_fit_arena", "An exact-size first-fit arena", _first_fit_arena_cases),
+    Exercise("02.growing_arena", "Grow in place, or move", _growing_cases),
 )
