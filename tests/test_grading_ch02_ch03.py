@@ -106,6 +106,7 @@ LIBRARY: dict[str, Any] = {
     "03.block_pool": LowestFirstPool,
     "03.block_tables": LibraryTables,
     "03.cost_per_million": cost_per_million,
+    "03.pack_tables": lambda *args: pack_with()(*args),  # defined with the mistakes below
 }
 
 
@@ -231,6 +232,42 @@ class GrowingGaps:
 
 def growing_with(mistake: str) -> type:
     return type(f"Growing_{mistake}", (GrowingGaps,), {"MISTAKE": mistake})
+
+
+def pack_with(mistake: str = "") -> Any:
+    """Pads rows; ``mistake`` switches one slip on (empty: correct)."""
+    def fn(tables: list[list[int]], seq_lens: list[int], block_size: int) -> list[list[int]]:
+        if len(tables) != len(seq_lens) and mistake != "zip_loose":
+            raise ValueError(f"{len(tables)} tables, {len(seq_lens)} lengths")
+        pairs = list(zip(tables, seq_lens, strict=False))
+        for table, length in pairs[:1] if mistake == "check_first" else pairs:
+            if len(table) != blocks_needed(length, block_size):
+                raise ValueError(f"table {table} does not fit length {length}")
+            if 0 in table and mistake != "null_allowed":
+                raise ValueError(f"table {table} holds the null block")
+        width = len(tables[0]) if mistake == "first_width" and tables else max(
+            map(len, tables), default=0)
+        pad = -1 if mistake == "pad_minus_one" else 0
+        if mistake == "mutates":
+            for table in tables:
+                table.extend([pad] * (width - len(table)))
+            return tables
+        return [table + [pad] * (width - len(table)) for table in tables]
+
+    return fn
+
+
+def pack_numpy(tables: list[list[int]], seq_lens: list[int], block_size: int) -> Any:
+    """Another design: a zero array filled row by row (an array, not lists)."""
+    if len(tables) != len(seq_lens):
+        raise ValueError("one length per table")
+    need = [math.ceil(n / block_size) for n in seq_lens]
+    if [len(t) for t in tables] != need or any(0 in t for t in tables):
+        raise ValueError(f"tables {tables} do not match lengths {seq_lens}")
+    out = np.zeros((len(tables), max(need, default=0)), dtype=np.int32)
+    for row, table in zip(out, tables, strict=True):
+        row[:len(table)] = table
+    return out
 
 
 def slot_states_numpy(slabs: list[tuple[int, int, int]]) -> list[int]:
@@ -384,6 +421,7 @@ OTHER_DESIGNS: list[tuple[str, Any]] = [
     ("03.block_pool", BitmapPool),
     ("03.block_tables", SlotListTables),
     ("03.cost_per_million", cost_by_phases),
+    ("03.pack_tables", pack_numpy),
 ]
 
 
@@ -723,6 +761,12 @@ MISTAKES += [
     ("03.cost_per_million", cost_with("prefill_as_output"), "a prefill step, then decode"),
     ("03.cost_per_million", cost_with("seconds_not_hours"), "every step costs time"),
     ("03.cost_per_million", cost_with("per_token"), "(millions of them)"),
+    ("03.pack_tables", pack_with("pad_minus_one"), "three sequences, one still empty"),
+    ("03.pack_tables", pack_with("first_width"), "after a sequence was freed"),
+    ("03.pack_tables", pack_with("mutates"), "three sequences, one still empty"),
+    ("03.pack_tables", pack_with("check_first"), "the second table is one block short"),
+    ("03.pack_tables", pack_with("null_allowed"), "holding the null block"),
+    ("03.pack_tables", pack_with("zip_loose"), "two tables, one length"),
 ]
 
 

@@ -372,6 +372,58 @@ def _cost_cases() -> list[Case]:
     return cases
 
 
+# --- exercise 6: a batch of block tables for the kernel -------------------------------------------
+
+
+def _library_batch(num_blocks: int, ops: Sequence[Op]) -> tuple[Any, Any, list[Any]]:
+    """Replay ``ops`` with the library: the live tables, their lengths, and ``batch_tables``."""
+    tables = LibraryTables(BlockPool(num_blocks, 16))
+    _replay(tables, ops)
+    manager = tables.manager
+    seqs = manager.sequences
+    packed, _ = manager.batch_tables(seqs)
+    return ([list(manager.block_table(s)) for s in seqs], [manager.seq_len(s) for s in seqs],
+            [packed.tolist(), True])
+
+
+def _pack(fn: Any, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[Any]:
+    """Call the learner on copies: [the packed rows as plain ints, were the inputs untouched]."""
+    given = [list(table) for table in tables]
+    out = fn(given, list(lengths), 16)
+    return [[[int(b) for b in row] for row in out], given == [list(t) for t in tables]]
+
+
+def _pack_cases() -> list[Case]:
+    hint = ("every row as wide as the longest table, the gaps filled with the block no "
+            "request owns; the caller's tables stay as they were")
+    scenarios: list[tuple[int, list[Op], str]] = [
+        (64, [("add", "chat", 600), ("add", "other", 100), ("append", "other", 150)],
+         "the lecture's chat and its companion"),
+        (16, [("add", "a", 20), ("add", "b", 10), ("append", "a", 13), ("add", "c", 0)],
+         "three sequences, one still empty"),
+        (16, [("add", "a", 40), ("add", "b", 5), ("free", "a", 0), ("append", "b", 30),
+              ("add", "c", 60)], "after a sequence was freed"),
+        (8, [], "an empty batch"),
+    ]
+    cases = []
+    for n, ops, why in scenarios:
+        tables, lengths, expected = _library_batch(n, ops)
+        cases.append(Case(f"fn(tables={tables}, seq_lens={lengths}, block_size=16)  # {why} "
+                          "-> [rows, inputs unchanged]",
+                          lambda fn, t=tables, ln=lengths: _pack(fn, t, ln), expected, hint))
+    bad = [([[1, 2]], [40], "a table one block short of its length"),
+           ([[1, 2, 3, 4]], [40], "a table with a block its length does not need"),
+           ([[1, 2, 3], [4]], [40, 17], "the second table is one block short"),
+           ([[3, 0, 5]], [40], "a live table holding the null block"),
+           ([[1], [2]], [5], "two tables, one length")]
+    cases += [Case(f"fn(tables={t}, seq_lens={ln}, block_size=16)  # {why}",
+                   lambda fn, t=t, ln=ln: _pack(fn, t, ln), Raises(ValueError),
+                   "a table that does not match its length, or holds the null block, would make "
+                   "the kernel read the wrong memory: raise ValueError naming it (check them all)")
+              for t, ln, why in bad]
+    return cases
+
+
 EXERCISES = (
     Exercise("03.last_block", "Blocks for a length, and the last block's fill",
              _last_block_cases),
@@ -381,4 +433,5 @@ EXERCISES = (
              _block_table_cases),
     Exercise("03.cost_per_million", "Cost per million tokens when steps slow down",
              _cost_cases),
+    Exercise("03.pack_tables", "A batch of block tables for the kernel", _pack_cases),
 )
