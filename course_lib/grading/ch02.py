@@ -71,8 +71,8 @@ def _fragmentation(num_slots: int, gaps: Sequence[Gap], need: int) -> tuple[int,
 
 
 def _slot_states_cases() -> list[Case]:
-    hint = ("written slots hold tokens; final - written are still to be written; "
-            "reserved - final are never written (internal fragmentation)")
+    hint = ("every reserved slot is in exactly one state: it holds a token, it waits for a "
+            "token this request will still write, or it lies past the request's final length")
     scenarios = [
         ("reserve-max", 8192, [(900, 600), (300, 300), (4000, 1000)]),
         ("exact-size", 8192, [(900, 600), (300, 300), (4000, 1000)]),
@@ -91,6 +91,8 @@ def _slot_states_cases() -> list[Case]:
                       lambda fn: fn([(100, 60, 50)]), Raises(ValueError), bad))
     cases.append(Case("fn([(100, 10, 120)])  # final length past the reservation",
                       lambda fn: fn([(100, 10, 120)]), Raises(ValueError), bad))
+    cases.append(Case("fn([(100, 20, 50), (40, -3, 30)])  # a negative written count",
+                      lambda fn: fn([(100, 20, 50), (40, -3, 30)]), Raises(ValueError), bad))
     return cases
 
 
@@ -102,8 +104,8 @@ FIGURE_GAPS: list[Gap] = [(30, 4), (54, 4), (83, 5), (98, 2)]
 
 
 def _first_fit_cases() -> list[Case]:
-    hint = ("scan the gaps in address order and return the start of the first one whose "
-            "length is at least size (an exact fit counts); None when none is")
+    hint = ("first fit means the lowest address that holds the whole slab, not the best or "
+            "the largest gap; a gap of exactly size slots holds it")
     layouts = [
         (100, FIGURE_GAPS, 4), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 1),
         (100, FIGURE_GAPS, 8), (100, [(0, 50), (60, 10)], 8), (100, [(0, 10), (20, 50)], 10),
@@ -125,12 +127,13 @@ def _first_fit_cases() -> list[Case]:
 
 
 def _no_gap_fits_cases() -> list[Case]:
-    hint = ("stranded = total length of the gaps shorter than need; blocked = the gaps "
-            "together hold need slots, but no single gap does")
+    hint = ("stranded counts the free slots this request can never use where they are; "
+            "blocked means the free memory would be enough in total, yet the request cannot "
+            "start")
     layouts = [
         (100, FIGURE_GAPS, 8), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 16),
         (100, FIGURE_GAPS, 1), (491_520, [(1_000, 484), (90_000, 1_107)], 1_206),
-        (100, [(10, 90)], 90),
+        (100, [(10, 90)], 90), (100, FIGURE_GAPS, 15),
     ]
     cases = [
         Case(f"fn(gaps={gaps}, need={need})", lambda fn, g=gaps, s=need: tuple(fn(list(g), s)),
@@ -218,6 +221,21 @@ def _release_unknown(cls: Any) -> Any:
     return arena.release(42)
 
 
+def _readmit(cls: Any) -> list[Any]:
+    """Admit 0 and 1, release 0, admit 0 again: a released id is a new request."""
+    arena = cls(100, 30)
+    starts = [arena.admit(0), arena.admit(1)]
+    arena.release(0)
+    return [arena.admit(0), starts[1]]
+
+
+def _release_twice(cls: Any) -> Any:
+    arena = cls(100, 30)
+    arena.admit(0)
+    arena.release(0)
+    return arena.release(0)
+
+
 def _reserve_max_cases() -> list[Case]:
     hint = ("every request reserves max_len contiguous slots; admit returns the first slot "
             "of its slab, or None when no free run of max_len slots is left")
@@ -242,6 +260,13 @@ def _reserve_max_cases() -> list[Case]:
              "admissions granted before the first None",
              lambda cls: _granted_until_full(cls, guide_slots, guide_len), sixty,
              "the source guide's 60 GiB arena: whole max_len slabs only"),
+        Case("arena = cls(100, 30); starts = [arena.admit(0), arena.admit(1)]; "
+             "arena.release(0); [arena.admit(0), starts[1]]", _readmit,
+             _inside_and_apart(100, 2, 30), "once released, a request holds nothing: the same "
+             "id may be admitted again", compare=satisfies),
+        Case("arena = cls(100, 30); arena.admit(0); arena.release(0); arena.release(0)",
+             _release_twice, Raises(ValueError), "after release the request holds no slab, so "
+             "a second release is a bug: raise ValueError naming the id"),
         Case("arena = cls(100, 30); arena.admit(0); arena.admit(0)", _admit_twice,
              Raises(ValueError), "a request that already holds a slab cannot be admitted "
              "again: raise ValueError naming the id"),
@@ -307,6 +332,8 @@ def _first_fit_arena_cases() -> list[Case]:
          [*fill, ("release", 0, 0), ("release", 2, 0), ("release", 1, 0), ("admit", 4, 75)]),
         ("first fit, not best fit: the lowest address wins even when a tighter gap exists",
          [*fill, ("release", 0, 0), ("release", 3, 0), ("admit", 4, 8)]),
+        ("a released request holds nothing: the same id may be admitted again",
+         [*fill, ("release", 2, 0), ("admit", 2, 25), ("release", 2, 0), ("admit", 2, 10)]),
         ("fragmentation: half the arena free in ten gaps, and a 20-slot request fits none",
          [*(("admit", i, 10) for i in range(10)), *(("release", i, 0) for i in range(0, 10, 2)),
           ("admit", 10, 20), ("admit", 11, 10)]),
@@ -323,9 +350,133 @@ def _first_fit_arena_cases() -> list[Case]:
          "releasing a request that holds no slab is a bug: raise ValueError naming the id"),
         ("arena = cls(100); arena.admit(0, 0)", [("admit", 0, 0)],
          "a slab of 0 slots is a mistake: raise ValueError"),
+        ("arena = cls(100); arena.admit(0, 10); arena.release(0); arena.release(0)",
+         [("admit", 0, 10), ("release", 0, 0), ("release", 0, 0)],
+         "a released request holds no slab any more: raise ValueError on a second release"),
     ]
     cases += [Case(call, lambda cls, s=script: _run_script(cls(100), s), Raises(ValueError), hint)
               for call, script, hint in errors]
+    return cases
+
+
+# --- exercise 6: grow in place, or move -----------------------------------------------------
+
+
+class GrowingReference:
+    """The expected behaviour of a growing arena, slot by slot (one owner per slot)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.owner: list[int | None] = [None] * num_slots
+        self.slabs: dict[int, tuple[int, int]] = {}
+        self.copied = 0
+
+    def _lowest_run(self, size: int) -> int | None:
+        run = 0
+        for slot, owner in enumerate(self.owner):
+            run = run + 1 if owner is None else 0
+            if run == size:
+                return slot - size + 1
+        return None
+
+    def _place(self, request_id: int, start: int, size: int) -> int:
+        self.owner[start:start + size] = [request_id] * size
+        self.slabs[request_id] = (start, size)
+        return start
+
+    def admit(self, request_id: int, length: int) -> int | None:
+        if request_id in self.slabs or length < 1:
+            raise ValueError(f"cannot admit {request_id!r} with {length!r} slots")
+        start = self._lowest_run(length)
+        return None if start is None else self._place(request_id, start, length)
+
+    def _held(self, request_id: int) -> tuple[int, int]:
+        if request_id not in self.slabs:
+            raise ValueError(f"request {request_id!r} holds no slab")
+        return self.slabs[request_id]
+
+    def append(self, request_id: int) -> int | None:
+        start, size = self._held(request_id)
+        end = start + size
+        if end < len(self.owner) and self.owner[end] is None:
+            return self._place(request_id, start, size + 1)
+        new = self._lowest_run(size + 1)
+        if new is None:
+            return None
+        self.owner[start:end] = [None] * size
+        self.copied += size
+        return self._place(request_id, new, size + 1)
+
+    def release(self, request_id: int) -> None:
+        start, size = self._held(request_id)
+        del self.slabs[request_id]
+        self.owner[start:start + size] = [None] * size
+
+
+Move = tuple[str, int, int]
+"""``("admit", request_id, length)``, ``("append", request_id, 0)`` or ``("release", id, 0)``."""
+
+
+def _copied(arena: Any) -> Any:
+    """``arena.copied`` whether the learner wrote an attribute, a property or a method."""
+    value = arena.copied
+    return value() if callable(value) else value
+
+
+def _grow_script(arena: Any, script: Sequence[Move]) -> list[Any]:
+    """Replay ``script``: what every admit and append returned, then the slots copied."""
+    seen = []
+    for op, rid, length in script:
+        if op == "release":
+            arena.release(rid)
+        else:
+            seen.append(arena.admit(rid, length) if op == "admit" else arena.append(rid))
+    return [*seen, _copied(arena)]
+
+
+def _grow_text(num_slots: int, script: Sequence[Move]) -> str:
+    calls = {"admit": "admit({}, {})", "append": "append({})", "release": "release({})"}
+    shown = "; ".join(calls[op].format(rid, n) if op == "admit" else calls[op].format(rid)
+                      for op, rid, n in script)
+    return f"arena = cls({num_slots}); {shown}  -> [each admit and append, arena.copied]"
+
+
+def _growing_cases() -> list[Case]:
+    grow = [("append", 0, 0)]
+    scripts: list[tuple[int, list[Move], str]] = [
+        (40, [("admit", 0, 10), *grow * 3], "a slab grows in place while the next slot is free"),
+        (40, [("admit", 0, 10), ("admit", 1, 10), *grow, ("admit", 2, 10)],
+         "a neighbour blocks: the slab moves whole to the lowest gap that holds it, and its "
+         "old slots are free again"),
+        (30, [("admit", 9, 5), ("admit", 0, 10), ("admit", 2, 5), ("release", 9, 0), *grow],
+         "while it is copied the slab still holds its old slots: they cannot be part of the "
+         "new place"),
+        (40, [("admit", 0, 10), ("admit", 1, 5), ("admit", 2, 11), ("admit", 3, 4),
+              ("release", 2, 0), *grow],
+         "a gap of exactly length + 1 slots holds the grown slab"),
+        (20, [("admit", 0, 10), ("admit", 1, 10), ("append", 1, 0), *grow, ("release", 1, 0),
+              *grow],
+         "the arena ends after its last slot; a refused append changes nothing, so once room "
+         "appears the slab still holds its own slots and grows in place"),
+        (40, [("admit", 5, 5), ("admit", 0, 10), ("admit", 1, 1), ("release", 5, 0), *grow,
+              ("admit", 2, 15)],
+         "the slots a moved slab leaves behind join the free slots next to them"),
+        (60, [("admit", 0, 10), ("admit", 1, 10), *grow, ("admit", 2, 12), *grow,
+              ("append", 2, 0), ("admit", 3, 11)],
+         "every move copies the slab's tokens; a slab that fits nowhere gets None"),
+    ]
+    cases = [Case(_grow_text(n, script), lambda cls, n=n, s=script: _grow_script(cls(n), s),
+                  _grow_script(GrowingReference(n), script), why)
+             for n, script, why in scripts]
+    errors = [
+        ([("append", 7, 0)], "appending to a request that holds no slab is a bug"),
+        ([("admit", 0, 5), ("admit", 0, 5)], "a request holds one slab"),
+        ([("admit", 0, 0)], "a slab of 0 slots is a mistake"),
+        ([("admit", 0, 5), ("release", 0, 0), ("release", 0, 0)],
+         "a released request holds no slab"),
+    ]
+    cases += [Case(_grow_text(40, script), lambda cls, s=script: _grow_script(cls(40), s),
+                   Raises(ValueError), f"{why}: raise ValueError naming the id or the size")
+              for script, why in errors]
     return cases
 
 
@@ -336,4 +487,5 @@ EXERCISES = (
     Exercise("02.reserve_max_arena", "A reserve-max arena: admit and release",
              _reserve_max_cases),
     Exercise("02.first_fit_arena", "An exact-size first-fit arena", _first_fit_arena_cases),
+    Exercise("02.growing_arena", "Grow in place, or move", _growing_cases),
 )

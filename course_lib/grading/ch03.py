@@ -1,9 +1,12 @@
 """Chapter 03 exercises: block tables. Expected values come from ``course_lib.paged``,
-``course_lib.kv_math`` and the simulator.
+``course_lib.kv_math`` and ``course_lib.simulator``.
 
-Classes are exercised through their methods only. Where a correct answer is not unique (which
-free block a pool hands out next, say) a case checks the property that matters instead of
-one particular value, so more than one design passes.
+The lecture shows the free queue and allocate-on-demand as ideas, not code; the exercises
+ask for the next step of each from a specification: the utilisation of a whole batch, a
+pool that hands out the lowest free block, block tables that say where each new token's
+keys and values go (and refuse a request they cannot serve in full), and the cost of a run
+whose steps slow down with what they read. Classes are exercised through their methods
+only, and every case returns plain data.
 """
 
 from __future__ import annotations
@@ -11,11 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Raises, Satisfies, satisfies
-from course_lib.kv_math import paged_utilization
+from course_lib.grading.check import Case, Exercise, Raises
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
-from course_lib.simulator import CostModel, SimConfig, simulate
-from course_lib.workload import generate_trace
+from course_lib.simulator import CostModel
 
 # --- exercise 1: blocks and the last block's fill --------------------------------------------
 
@@ -32,10 +33,10 @@ def _last_block(tokens: int, block_size: int) -> tuple[int, int]:
 
 
 def _last_block_cases() -> list[Case]:
-    hint = ("blocks = ceil(tokens / block_size), in integers; the last block holds what is "
-            "left after the full ones (a whole block when tokens divides evenly)")
+    hint = ("a partly filled last block is still a block; a length that fills its blocks "
+            "exactly has a full last block, and an empty sequence has no last block")
     pairs = [(900, 16), (896, 16), (897, 16), (1, 16), (16, 16), (1000, 128), (8192, 16),
-             (0, 16)]
+             (0, 16), (32, 16)]
     cases = [
         Case(f"fn(tokens={t}, block_size={b})", lambda fn, t=t, b=b: tuple(fn(t, b)),
              _last_block(t, b), hint)
@@ -48,30 +49,37 @@ def _last_block_cases() -> list[Case]:
     return cases
 
 
-# --- exercise 2: U_paged ------------------------------------------------------------------------
+# --- exercise 2: the utilisation of a batch ------------------------------------------------------
+
+
+def batch_utilization(lengths: Sequence[int], block_size: int) -> float:
+    """The library's pooled U_paged of sequences of ``lengths`` tokens sharing one pool."""
+    manager = PagedKVManager(BlockPool(sum(-(-n // block_size) for n in lengths) + 1,
+                                       block_size))
+    for i, length in enumerate(lengths):
+        manager.add_sequence(str(i), length)
+    return manager.utilization()
 
 
 def _utilization_cases() -> list[Case]:
-    hint = "U_paged = L / (ceil(L / B) x B): tokens over the slots of the blocks they occupy"
-    pairs = [(512, 16), (900, 16), (17, 16), (1, 16), (128, 512), (2048, 16), (1000, 128)]
+    hint = ("utilisation is the share of all the slots the batch holds that hold a token: "
+            "pool the batch before dividing, and an empty sequence holds no block")
+    batches = [([900], 16), ([512, 128], 16), ([1, 17, 33], 16), ([900, 0, 16], 16),
+               ([1000, 24], 128), ([100, 5000, 7, 7, 7], 32), ([2048] * 3, 16)]
     cases = [
-        Case(f"fn(tokens={t}, block_size={b})", lambda fn, t=t, b=b: fn(t, b),
-             paged_utilization(t, b), hint)
-        for t, b in pairs
+        Case(f"fn(lengths={lengths}, block_size={b})", lambda fn, n=lengths, b=b: fn(list(n), b),
+             batch_utilization(lengths, b), hint)
+        for lengths, b in batches
     ]
-
-    def worst_waste(fn: Any) -> float:
-        return max(round(t / fn(t, 16)) - t for t in range(1, 513))
-
-    worst = max(round(t / paged_utilization(t, 16)) - t for t in range(1, 513))
-    cases.append(Case("max(round(L / fn(L, 16)) - L for L in range(1, 513))  # empty slots",
-                      worst_waste, worst, "the waste of a sequence is at most B - 1 slots"))
-    cases.append(Case("fn(tokens=0, block_size=16)", lambda fn: fn(0, 16), Raises(ValueError),
-                      "an empty sequence has no utilisation (0 / 0): raise ValueError"))
+    bad = "no tokens at all has no utilisation (zero over zero); a negative length or block size " \
+          "is a mistake: raise ValueError naming it"
+    cases += [Case(f"fn(lengths={lengths}, block_size={b})",
+                   lambda fn, n=lengths, b=b: fn(list(n), b), Raises(ValueError), bad)
+              for lengths, b in [([], 16), ([0, 0], 16), ([10, -1], 16), ([10], 0)]]
     return cases
 
 
-# --- exercise 3: a free-block pool --------------------------------------------------------------
+# --- exercise 3: a pool that hands out the lowest free block ------------------------------------
 
 
 def _free_count(pool: Any) -> Any:
@@ -80,112 +88,138 @@ def _free_count(pool: Any) -> Any:
     return value() if callable(value) else value
 
 
-def _library_pool(num_blocks: int) -> BlockPool:
-    return BlockPool(num_blocks, 16)
+Script = Sequence[tuple[str, int]]
+"""``("allocate", 0)``, ``("free", block_id)`` or ``("count", 0)`` (read num_free)."""
 
 
-def _take(pool: Any, count: int) -> list[Any]:
-    return [pool.allocate() for _ in range(count)]
-
-
-def _ids_in_range(num_blocks: int, count: int) -> Satisfies:
-    def holds(ids: Any) -> bool:
-        return (isinstance(ids, list) and len(ids) == count and len(set(ids)) == count
-                and all(isinstance(b, int) and 1 <= b < num_blocks for b in ids))
-
-    return Satisfies(f"{count} different ids, each in 1..{num_blocks - 1} (0 is the null "
-                     f"block)", holds)
-
-
-def _after_free(cls: Any) -> list[Any]:
-    pool = cls(8)
-    ids = _take(pool, 7)
-    pool.free(ids[3])
-    return [ids[3], pool.allocate()]
-
-
-def _recycle(cls: Any) -> tuple[Any, bool]:
-    pool = cls(8)
-    distinct = True
-    for _ in range(50):
-        ids = _take(pool, 5)
-        distinct = distinct and len(set(ids)) == 5
-        for block in ids:
+def _play(pool: Any, script: Script) -> list[Any]:
+    """Run ``script`` on ``pool``; what each allocate and count returned, in order."""
+    seen = []
+    for op, block in script:
+        if op == "allocate":
+            seen.append(pool.allocate())
+        elif op == "free":
             pool.free(block)
-    return _free_count(pool), distinct
-
-
-def _counts(cls: Any) -> list[Any]:
-    pool = cls(8)
-    seen = [_free_count(pool)]
-    ids = _take(pool, 3)
-    seen.append(_free_count(pool))
-    pool.free(ids[0])
-    seen.append(_free_count(pool))
+        else:
+            seen.append(_free_count(pool))
     return seen
 
 
-def _free_then(cls: Any, block: int, *, allocate: int = 0, twice: bool = False) -> Any:
-    pool = cls(8)
-    ids = _take(pool, allocate)
-    if twice:
-        pool.free(ids[0])
-        return pool.free(ids[0])
-    return pool.free(block)
+class LowestFirstPool:
+    """The expected behaviour: the library's checks, the lowest free id handed out first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.pool = BlockPool(num_blocks, 1)
+        self.in_use: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def allocate(self) -> int:
+        if not self.pool.num_free:
+            raise OutOfBlocks(1, 0)
+        block = min(self.pool.free_blocks())
+        while (taken := self.pool.allocate()) != block:  # rotate the queue to the lowest
+            self.pool.free(taken)
+        return block
+
+    def free(self, block_id: int) -> None:
+        self.pool.free(block_id)
+
+
+def _script_text(size: int, script: Script) -> str:
+    calls = {"allocate": "allocate()", "free": "free({})", "count": "num_free"}
+    return (f"pool = cls({size}); " + "; ".join(calls[op].format(b) for op, b in script)
+            + "  -> what each allocate() and num_free gave")
 
 
 def _block_pool_cases() -> list[Case]:
-    library = _library_pool(8)
-    counts = [library.num_free]
-    first = _take(library, 3)
-    counts.append(library.num_free)
-    library.free(first[0])
-    counts.append(library.num_free)
-    free_error = "raise ValueError naming the id: freeing it would corrupt the free list"
-    return [
-        Case("pool = cls(8); [pool.allocate() for _ in range(7)]", lambda cls: _take(cls(8), 7),
-             _ids_in_range(8, 7), "hand out every block except the null block 0, each once",
-             compare=satisfies),
-        Case("pool = cls(8); num_free; allocate 3; num_free; free one; num_free", _counts,
-             counts, "num_free counts the blocks allocate can still hand out (not block 0)"),
-        Case("pool = cls(8); allocate 7 blocks; pool.allocate()",
-             lambda cls: _take(cls(8), 8)[-1], Raises(RuntimeError),
-             "an empty pool raises OutOfBlocks (a RuntimeError), never hands out 0 or a "
-             "block in use"),
-        Case("pool = cls(8); ids = allocate 7; pool.free(ids[3]); [ids[3], pool.allocate()]",
-             _after_free, Satisfies("the freed block handed out again (the only free one)",
-                                    lambda got: isinstance(got, list) and len(got) == 2
-                                    and got[0] == got[1]),
-             "a freed block goes back on the free list", compare=satisfies),
-        Case("pool = cls(8); 50 rounds of allocate 5 and free them: (num_free, ids distinct)",
-             _recycle, (7, True), "allocate and free must balance: nothing lost, nothing twice"),
-        Case("pool = cls(8); pool.free(0)", lambda cls: _free_then(cls, 0), Raises(ValueError),
-             f"block 0 is the reserved null block: {free_error}"),
-        Case("pool = cls(8); b = pool.allocate(); pool.free(b); pool.free(b)",
-             lambda cls: _free_then(cls, 0, allocate=1, twice=True), Raises(ValueError),
-             f"a double free: {free_error}"),
-        Case("pool = cls(8); pool.free(5)  # never allocated", lambda cls: _free_then(cls, 5),
-             Raises(ValueError), f"block 5 is free already: {free_error}"),
-        Case("pool = cls(8); pool.free(8)", lambda cls: _free_then(cls, 8), Raises(ValueError),
-             f"8 is not a block of this pool: {free_error}"),
+    take = [("allocate", 0)]
+    scripts: list[tuple[int, list[tuple[str, int]], str]] = [
+        (8, take * 7, "block 0 is the null block: never handed out"),
+        (8, [("count", 0), *take * 3, ("count", 0), ("free", 2), ("count", 0)],
+         "num_free counts the blocks allocate can still hand out"),
+        (8, [*take * 7, ("free", 5), ("free", 2), *take * 2],
+         "the lowest free id comes first, whatever order the blocks were freed in"),
+        (8, [*take * 4, ("free", 3), ("free", 1), *take * 3],
+         "freed blocks are handed out again, lowest first, before untouched higher ones"),
+        (64, [*take * 40, *(("free", b) for b in range(39, 0, -3)), *take * 5, ("count", 0)],
+         "lowest first keeps the blocks in use packed at the start of the pool"),
     ]
+    cases = [Case(_script_text(n, script), lambda cls, n=n, s=script: _play(cls(n), s),
+                  _play(LowestFirstPool(n), script), why)
+             for n, script, why in scripts]
+
+    def recycle(cls: Any) -> list[Any]:
+        pool, distinct = cls(8), True
+        for _ in range(50):
+            ids = [pool.allocate() for _ in range(5)]
+            distinct = distinct and len(set(ids)) == 5
+            for block in ids:
+                pool.free(block)
+        return [_free_count(pool), distinct]
+
+    cases.append(Case("pool = cls(8); 50 rounds of allocate 5 and free them: "
+                      "[num_free, ids distinct]", recycle, [7, True],
+                      "allocate and free must balance: nothing lost, nothing twice"))
+    cases.append(Case("pool = cls(8); allocate() 7 times; allocate()",
+                      lambda cls: _play(cls(8), take * 8), Raises(RuntimeError),
+                      "an empty pool raises OutOfBlocks (a RuntimeError), never hands out 0 or "
+                      "a block in use"))
+    refused = "raise ValueError naming the id: accepting it would later hand one block to " \
+              "two requests"
+    for why, script in [("the null block", [("free", 0)]),
+                        ("a double free", [*take, ("free", 1), ("free", 1)]),
+                        ("a block that is free already", [*take, ("free", 5)]),
+                        ("not a block of this pool", [("free", 8)]),
+                        ("a negative id", [*take, ("free", -1)])]:
+        cases.append(Case(_script_text(8, script) + f"  # {why}",
+                          lambda cls, s=script: _play(cls(8), s), Raises(ValueError),
+                          f"{why}: {refused}"))
+    return cases
 
 
-# --- exercise 4: block tables with allocate-on-demand ----------------------------------------
+# --- exercise 4: block tables and slot mappings -----------------------------------------------
 
 
 Op = tuple[str, str, int]
 """``("add", seq_id, tokens)``, ``("append", seq_id, tokens)`` or ``("free", seq_id, 0)``."""
 
 
-def _replay(manager: Any, ops: Sequence[Op]) -> None:
+class LibraryTables:
+    """``PagedKVManager`` behind the exercise's interface: add and append return slots."""
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.manager = PagedKVManager(pool)
+
+    def add_sequence(self, seq_id: str, num_tokens: int) -> list[int]:
+        self.manager.add_sequence(seq_id, num_tokens)
+        return self.manager.slot_mapping(seq_id, range(num_tokens))
+
+    def append_tokens(self, seq_id: str, num_tokens: int = 1) -> list[int]:
+        old = self.manager.seq_len(seq_id)
+        self.manager.append_tokens(seq_id, num_tokens)
+        return self.manager.slot_mapping(seq_id, range(old, old + num_tokens))
+
+    def block_table(self, seq_id: str) -> list[int]:
+        return list(self.manager.block_table(seq_id))
+
+    def free_sequence(self, seq_id: str) -> None:
+        self.manager.free_sequence(seq_id)
+
+
+def _replay(tables: Any, ops: Sequence[Op]) -> list[Any]:
+    """Run ``ops``; every slot that add and append returned, in order, as one list."""
+    slots: list[Any] = []
     for op, seq, tokens in ops:
         if op == "add":
-            manager.add_sequence(seq, tokens)
+            slots.extend(tables.add_sequence(seq, tokens))
         elif op == "append":
-            manager.append_tokens(seq, tokens)
+            slots.extend(tables.append_tokens(seq, tokens))
         else:
-            manager.free_sequence(seq)
+            tables.free_sequence(seq)
+    return slots
 
 
 def _ops_text(ops: Sequence[Op]) -> str:
@@ -194,44 +228,44 @@ def _ops_text(ops: Sequence[Op]) -> str:
     return "; ".join(calls[op].format(seq, tokens) for op, seq, tokens in ops)
 
 
-def _tables(cls: Any, num_blocks: int, ops: Sequence[Op], seqs: Sequence[str]) -> list[Any]:
-    """Replay ``ops`` on a fresh library pool; the block tables of ``seqs`` and num_free."""
+def _outcome(cls: Any, num_blocks: int, ops: Sequence[Op], seqs: Sequence[str]) -> list[Any]:
+    """Replay ``ops`` on a fresh library pool: [the slots, each table in ``seqs``, num_free]."""
     pool = BlockPool(num_blocks, 16)
-    manager = cls(pool)
-    _replay(manager, ops)
-    return [*(tuple(manager.block_table(s)) for s in seqs), pool.num_free]
+    tables = cls(pool)
+    slots = _replay(tables, ops)
+    return [slots, *(list(tables.block_table(s)) for s in seqs), pool.num_free]
+
+
+def _refused(cls: Any, num_blocks: int, setup: Sequence[Op], refused: Op,
+             after: Sequence[Op], seqs: Sequence[str]) -> list[Any]:
+    """Replay ``setup``; ``refused`` must raise OutOfBlocks; then ``after`` must still work."""
+    pool = BlockPool(num_blocks, 16)
+    tables = cls(pool)
+    _replay(tables, setup)
+    try:
+        _replay(tables, [refused])
+        raised = "nothing raised"
+    except OutOfBlocks:
+        raised = "OutOfBlocks"
+    state = [raised, pool.num_free, *(list(tables.block_table(s)) for s in seqs)]
+    return [*state, _replay(tables, after), pool.num_free]
 
 
 def _growth(cls: Any) -> list[int]:
     """Table length after each single-token append from 0 to 40 tokens."""
-    manager = cls(BlockPool(8, 16))
-    manager.add_sequence("a", 0)
+    tables = cls(BlockPool(8, 16))
+    tables.add_sequence("a", 0)
     lengths = []
     for _ in range(40):
-        manager.append_tokens("a", 1)
-        lengths.append(len(manager.block_table("a")))
+        tables.append_tokens("a", 1)
+        lengths.append(len(tables.block_table("a")))
     return lengths
 
 
-def _reuse(cls: Any, num_blocks: int) -> tuple[bool, int]:
-    """Fill the pool, free one sequence, grow another: does it use only freed blocks?"""
-    pool = BlockPool(num_blocks, 16)
-    manager = cls(pool)
-    manager.add_sequence("a", 16 * 3)
-    manager.add_sequence("b", 16 * (num_blocks - 4))
-    freed = set(manager.block_table("a"))
-    manager.free_sequence("a")
-    manager.append_tokens("b", 16 * 3)
-    grown = set(manager.block_table("b")[-3:])
-    return grown == freed, pool.num_free
-
-
 def _block_table_cases() -> list[Case]:
-    hint = ("take a block from the pool only when the last one is full (length % B == 0), "
-            "as many as the new tokens need; free gives every block back")
+    hint = ("a token's slot is where its keys and values sit in the pool, found through the "
+            "table, not from its position alone; a new block only when the last one is full")
     scenarios: list[tuple[int, list[Op], list[str], str]] = [
-        (64, [("add", "chat", 0), *[("append", "chat", 1)] * 900], ["chat"],
-         "the source guide's 900-token chat, one token at a time: 57 blocks"),
         (64, [("add", "chat", 600), ("append", "chat", 300)], ["chat"],
          "a prompt of 600, then 300 tokens in one append"),
         (16, [("add", "a", 20), ("add", "b", 10), ("append", "a", 13), ("append", "b", 6),
@@ -239,85 +273,165 @@ def _block_table_cases() -> list[Case]:
          "two sequences interleave: each table lists its own blocks in logical order"),
         (16, [("add", "a", 16), ("append", "a", 16), ("append", "a", 1)], ["a"],
          "16 tokens fill one block exactly; the 33rd token needs a third block"),
-        (16, [("add", "a", 40), ("add", "b", 5), ("free", "a", 0)], ["b"],
-         "free_sequence returns every block of the sequence to the pool"),
+        (16, [("add", "a", 40), ("add", "b", 5), ("free", "a", 0), ("append", "b", 30)], ["b"],
+         "free_sequence returns every block; b's new blocks may be a's old ones"),
+        (16, [("add", "a", 40), ("free", "a", 0), ("add", "a", 3)], ["a"],
+         "a freed sequence is forgotten: its id may start again"),
+        (8, [("add", "a", 0), ("append", "a", 1), ("add", "b", 0), ("append", "b", 17)],
+         ["a", "b"], "an empty prompt holds no block until its first token"),
     ]
-    cases = []
-    for num_blocks, ops, seqs, why in scenarios:
-        shown = _ops_text(ops) if len(ops) < 10 else (
-            "add_sequence('chat', 0); then append_tokens('chat', 1) 900 times")
+    cases = [
+        Case(f"pool = BlockPool({n}, 16); t = cls(pool); {_ops_text(ops)}; "
+             f"[slots returned, *[t.block_table(s) for s in {seqs}], pool.num_free]",
+             lambda cls, n=n, o=ops, s=seqs: _outcome(cls, n, o, s),
+             _outcome(LibraryTables, n, ops, seqs), f"{why}; {hint}")
+        for n, ops, seqs, why in scenarios
+    ]
+    cases.append(Case("t = cls(BlockPool(8, 16)); add_sequence('a', 0); table length after "
+                      "each of 40 single-token appends", _growth, _growth(LibraryTables),
+                      "allocate on demand: a new block at tokens 1, 17 and 33, never earlier"))
+    refusals: list[tuple[int, list[Op], Op, list[Op], list[str], str]] = [
+        (5, [("add", "a", 40)], ("append", "a", 40), [("append", "a", 8)], ["a"],
+         "append: a needs 2 more blocks and 1 is free"),
+        (4, [("add", "a", 20)], ("add", "b", 60), [("add", "b", 16)], ["a"],
+         "add: b needs 4 blocks and 1 is free; b is not created"),
+    ]
+    for n, setup, refused, after, seqs, why in refusals:
         cases.append(Case(
-            f"pool = BlockPool({num_blocks}, 16); m = cls(pool); {shown}; "
-            f"[m.block_table(s) for s in {seqs}] + [pool.num_free]",
-            lambda cls, n=num_blocks, o=ops, s=seqs: _tables(cls, n, o, s),
-            _tables(PagedKVManager, num_blocks, ops, seqs), f"{why}; {hint}"))
-    cases += [
-        Case("m = cls(BlockPool(8, 16)); add_sequence('a', 0); table length after each of 40 "
-             "single-token appends", _growth, _growth(PagedKVManager),
-             "allocate on demand: a new block at tokens 1, 17 and 33, never earlier"),
-        Case("pool of 12: add 'a' (3 blocks) and 'b' (8 blocks); free 'a'; append 48 tokens to "
-             "'b': (b's new blocks are a's old ones, pool.num_free)",
-             lambda cls: _reuse(cls, 12), _reuse(PagedKVManager, 12),
-             "freed blocks go back to the pool and are handed out again"),
-        Case("m = cls(BlockPool(4, 16)); m.add_sequence('a', 40); m.add_sequence('b', 1)",
-             lambda cls: _replay(cls(BlockPool(4, 16)), [("add", "a", 40), ("add", "b", 1)]),
-             Raises(OutOfBlocks), "3 usable blocks are all taken: let the pool's OutOfBlocks "
-             "propagate"),
-        Case("m = cls(BlockPool(8, 16)); m.free_sequence('ghost')",
-             lambda cls: cls(BlockPool(8, 16)).free_sequence("ghost"), Raises(ValueError),
-             "an unknown sequence id is a bug: raise ValueError naming it"),
+            f"pool = BlockPool({n}, 16); t = cls(pool); {_ops_text(setup)}; "
+            f"{_ops_text([refused])} -> [what it raised, pool.num_free, tables of {seqs}, "
+            f"then {_ops_text(after)}'s slots, pool.num_free]  # {why}",
+            lambda cls, a=(n, setup, refused, after, seqs): _refused(cls, *a),
+            _refused(LibraryTables, n, setup, refused, after, seqs),
+            "a request the pool cannot serve in full is refused with OutOfBlocks and "
+            "changes nothing: no block taken, no table or length changed"))
+    errors = [
+        ([("free", "ghost", 0)], "an unknown sequence id is a bug"),
+        ([("append", "ghost", 1)], "an unknown sequence id is a bug"),
+        ([("add", "a", 5), ("add", "a", 5)], "a live id cannot be added twice"),
+        ([("add", "a", 5), ("free", "a", 0), ("free", "a", 0)],
+         "a freed sequence is forgotten: freeing it again is a bug"),
+        ([("add", "a", -3)], "a negative length is a mistake"),
+        ([("add", "a", 5), ("append", "a", 0)], "an append brings at least one token"),
     ]
+    cases += [Case(f"t = cls(BlockPool(8, 16)); {_ops_text(ops)}",
+                   lambda cls, o=ops: _replay(cls(BlockPool(8, 16)), o), Raises(ValueError),
+                   f"{why}: raise ValueError naming it")
+              for ops, why in errors]
     return cases
 
 
-# --- exercise 5: cost per million tokens ---------------------------------------------------------
+# --- exercise 5: cost per million tokens when steps slow down ------------------------------------
 
 
-def _runs() -> list[tuple[str, Any]]:
-    """A few small simulated backlogs (no idle steps) under different cost models."""
-    trace = generate_trace(40, seed=3, median_total=120, sigma=0.5, max_total=512)
-    small = {"budget_bytes": 4096 * 16, "bytes_per_token": 16, "max_len": 512}
-    return [
-        ("reserve-max, 25 ms, 250/h", simulate(trace, SimConfig(allocator="reserve-max",
-                                                                **small))),
-        ("paged, 25 ms, 250/h", simulate(trace, SimConfig(**small))),
-        ("paged, 40 ms, 90/h", simulate(trace, SimConfig(
-            costs=CostModel(step_seconds=0.04, price_per_hour=90.0), **small))),
-    ]
+Step = tuple[int, int, int]
+"""One decode step: (tokens decoded, KV tokens read, tokens prefilled)."""
+
+
+def cost_per_million(steps: Sequence[Step], bytes_per_token: int, step_seconds: float = 0.025,
+                     kv_read_bandwidth: float = 3e12, prefill_seconds_per_token: float = 4e-5,
+                     price_per_hour: float = 250.0) -> float:
+    """The expected answer: every step timed by the library's CostModel, priced per hour."""
+    costs = CostModel(step_seconds=step_seconds, kv_read_bandwidth=kv_read_bandwidth,
+                      prefill_seconds_per_token=prefill_seconds_per_token,
+                      price_per_hour=price_per_hour)
+    decoded = sum(d for d, _, _ in steps)
+    if decoded < 1:
+        raise ValueError(f"{len(steps)} steps decoded {decoded} tokens: no cost per token")
+    seconds = sum(costs.step_time(kv * bytes_per_token, prefill, 0, 0)
+                  for _, kv, prefill in steps)
+    return costs.price_per_hour * seconds / 3600 / decoded * 1e6
 
 
 def _cost_cases() -> list[Case]:
-    hint = ("seconds = steps x step_seconds; money = seconds / 3600 x price_per_hour; "
-            "divide by output_tokens and multiply by 1,000,000")
+    hint = ("every step costs time, even one that decodes nothing: its fixed part, its KV "
+            "bytes over the bandwidth and its prefill; price the hours, then share them over "
+            "the decoded tokens (millions of them)")
+    guide = 131_072
+    runs: list[tuple[str, list[Step], int, dict[str, float]]] = [
+        ("one step of 60 requests at 900 tokens", [(60, 60 * 900, 0)], guide, {}),
+        ("a prefill step, then decode", [(1, 600, 600), *[(1, 600 + i, 0) for i in range(99)]],
+         guide, {}),
+        ("an idle step costs time too", [(4, 4000, 0), (0, 0, 0), (4, 4004, 0)], guide, {}),
+        ("flat 25 ms steps (no KV term)", [(10, 9000, 0)] * 5, guide,
+         {"kv_read_bandwidth": 1e30, "prefill_seconds_per_token": 0.0}),
+        ("40 ms, 90/h, 1 TB/s", [(32, 32 * 2000, 128), (32, 32 * 2001, 0)], 16_384,
+         {"step_seconds": 0.04, "price_per_hour": 90.0, "kv_read_bandwidth": 1e12}),
+    ]
+    cases = [
+        Case(f"fn(steps={steps if len(steps) < 6 else f'[{len(steps)} steps]'}, "
+             f"bytes_per_token={per}{''.join(f', {k}={v}' for k, v in extra.items())})  # {why}",
+             lambda fn, s=steps, p=per, e=extra: fn(list(s), p, **e),
+             cost_per_million(steps, per, **extra), hint)
+        for why, steps, per, extra in runs
+    ]
+    cases += [Case(f"fn(steps={steps}, bytes_per_token={guide})  # {why}",
+                   lambda fn, s=steps: fn(list(s), guide), Raises(ValueError),
+                   "no decoded token, no cost per token: raise ValueError")
+              for steps, why in [([], "no steps"), ([(0, 0, 100)], "a prefill-only run")]]
+    return cases
+
+
+# --- exercise 6: a batch of block tables for the kernel -------------------------------------------
+
+
+def _library_batch(num_blocks: int, ops: Sequence[Op]) -> tuple[Any, Any, list[Any]]:
+    """Replay ``ops`` with the library: the live tables, their lengths, and ``batch_tables``."""
+    tables = LibraryTables(BlockPool(num_blocks, 16))
+    _replay(tables, ops)
+    manager = tables.manager
+    seqs = manager.sequences
+    packed, _ = manager.batch_tables(seqs)
+    return ([list(manager.block_table(s)) for s in seqs], [manager.seq_len(s) for s in seqs],
+            [packed.tolist(), True])
+
+
+def _pack(fn: Any, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[Any]:
+    """Call the learner on copies: [the packed rows as plain ints, were the inputs untouched]."""
+    given = [list(table) for table in tables]
+    out = fn(given, list(lengths), 16)
+    return [[[int(b) for b in row] for row in out], given == [list(t) for t in tables]]
+
+
+def _pack_cases() -> list[Case]:
+    hint = ("every row as wide as the longest table, the gaps filled with the block no "
+            "request owns; the caller's tables stay as they were")
+    scenarios: list[tuple[int, list[Op], str]] = [
+        (64, [("add", "chat", 600), ("add", "other", 100), ("append", "other", 150)],
+         "the lecture's chat and its companion"),
+        (16, [("add", "a", 20), ("add", "b", 10), ("append", "a", 13), ("add", "c", 0)],
+         "three sequences, one still empty"),
+        (16, [("add", "a", 40), ("add", "b", 5), ("free", "a", 0), ("append", "b", 30),
+              ("add", "c", 60)], "after a sequence was freed"),
+        (8, [], "an empty batch"),
+    ]
     cases = []
-    for label, run in _runs():
-        costs = run.config.costs
-        cases.append(Case(
-            f"fn(output_tokens={run.output_tokens}, steps={run.steps}, "
-            f"step_seconds={costs.step_seconds}, price_per_hour={costs.price_per_hour})  "
-            f"# {label}",
-            lambda fn, r=run, c=costs: fn(r.output_tokens, r.steps, c.step_seconds,
-                                           c.price_per_hour),
-            run.cost_per_million_tokens, hint,
-            compare=lambda got, want: abs(got - want) <= 1e-9 * abs(want)))
-    default = CostModel()
-    guide_steps, guide_tokens = 17_663, 60 * 17_663
-    cases.append(Case(
-        f"fn(output_tokens={guide_tokens}, steps={guide_steps})  # defaults: 25 ms, 250/h",
-        lambda fn: fn(guide_tokens, guide_steps),
-        default.price_per_hour * guide_steps * default.step_seconds / 3600 / guide_tokens * 1e6,
-        "give step_seconds a default of 0.025 and price_per_hour a default of 250",
-        compare=lambda got, want: abs(got - want) <= 1e-9 * abs(want)))
-    cases.append(Case("fn(output_tokens=0, steps=10)", lambda fn: fn(0, 10), Raises(ValueError),
-                      "no tokens, no cost per token: raise ValueError"))
+    for n, ops, why in scenarios:
+        tables, lengths, expected = _library_batch(n, ops)
+        cases.append(Case(f"fn(tables={tables}, seq_lens={lengths}, block_size=16)  # {why} "
+                          "-> [rows, inputs unchanged]",
+                          lambda fn, t=tables, ln=lengths: _pack(fn, t, ln), expected, hint))
+    bad = [([[1, 2]], [40], "a table one block short of its length"),
+           ([[1, 2, 3, 4]], [40], "a table with a block its length does not need"),
+           ([[1, 2, 3], [4]], [40, 17], "the second table is one block short"),
+           ([[3, 0, 5]], [40], "a live table holding the null block"),
+           ([[1], [2]], [5], "two tables, one length")]
+    cases += [Case(f"fn(tables={t}, seq_lens={ln}, block_size=16)  # {why}",
+                   lambda fn, t=t, ln=ln: _pack(fn, t, ln), Raises(ValueError),
+                   "a table that does not match its length, or holds the null block, would make "
+                   "the kernel read the wrong memory: raise ValueError naming it (check them all)")
+              for t, ln, why in bad]
     return cases
 
 
 EXERCISES = (
     Exercise("03.last_block", "Blocks for a length, and the last block's fill",
              _last_block_cases),
-    Exercise("03.u_paged", "Utilisation of a paged sequence", _utilization_cases),
-    Exercise("03.block_pool", "A free-block pool with a null block", _block_pool_cases),
-    Exercise("03.block_tables", "Block tables with allocate-on-demand", _block_table_cases),
-    Exercise("03.cost_per_million", "Cost per million output tokens", _cost_cases),
+    Exercise("03.u_paged", "Utilisation of a batch of paged sequences", _utilization_cases),
+    Exercise("03.block_pool", "A pool that hands out the lowest free block", _block_pool_cases),
+    Exercise("03.block_tables", "Block tables that map tokens to slots, all or nothing",
+             _block_table_cases),
+    Exercise("03.cost_per_million", "Cost per million tokens when steps slow down",
+             _cost_cases),
+    Exercise("03.pack_tables", "A batch of block tables for the kernel", _pack_cases),
 )
