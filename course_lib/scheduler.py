@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from course_lib.paged import BlockPool, PagedKVManager
+from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager
 from course_lib.validate import check_int
 from course_lib.workload import Request
 
@@ -83,6 +85,15 @@ def tokens_to_recompute(length: int, cached_blocks: int, block_size: int) -> int
     check_int("cached_blocks", cached_blocks, 0)
     check_int("block_size", block_size, 1)
     return length - min(cached_blocks, (length - 1) // block_size) * block_size
+
+
+def kv_manager(pool: BlockPool) -> PagedKVManager:
+    """The KV-cache manager both step loops keep over ``pool`` (the engine's ``ServingCore``
+    and the simulator): a ``PrefixCachingKVManager`` when the pool caches, else a plain one."""
+    if not isinstance(pool, BlockPool):
+        raise ValueError(f"pool must be a BlockPool, got {pool!r}")
+    return (PrefixCachingKVManager(pool) if isinstance(pool, PrefixCachingBlockPool)
+            else PagedKVManager(pool))
 
 
 class SwapSpace:

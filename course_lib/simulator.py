@@ -25,12 +25,13 @@ request preempted for recompute leaves its full blocks in the pool with their ha
 (``course_lib.prefix_cache``), last block first in the free queue, so the pool evicts its
 tail first. When it resumes it takes back the leading blocks nobody has reused since
 (always computing at least its last token, as vLLM does) and recomputes only the rest.
-The simulator knows lengths, not token ids, so a block's hash chains the request's id (the
-first block's cache salt) and the block's index: only the request itself can find its
-blocks, and running requests never share one (sharing is chapter 04's
-``PrefixCachingKVManager``). Admission is unchanged (a cached free block is still a free
-block), so the schedule changes only where a token budget or a time cost sees the tokens
-no longer prefilled.
+The simulator knows lengths, not token ids, so a request's token ids are its positions and
+its id is the first block's cache salt: hashed by ``course_lib.prefix_cache``'s chain, only
+the request itself can find its blocks, and running requests never share one (sharing is
+chapter 04's). Block tables and hashes live in the serving core's KV-cache manager over a
+pool without K/V storage, as in the engine (``course_lib.engine.core``). Admission is
+unchanged (a cached free block is still a free block), so the schedule changes only where
+a token budget or a time cost sees the tokens no longer prefilled.
 """
 
 from __future__ import annotations
@@ -45,11 +46,22 @@ from tqdm.auto import tqdm
 
 from course_lib.kv_math import GIB, MODELS
 from course_lib.limits import MAX_POOL_BLOCKS
-from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks
-from course_lib.prefix_cache import BlockHash, PrefixCachingBlockPool, hash_block_tokens
-from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, tokens_to_recompute
+from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder, OutOfBlocks
+from course_lib.prefix_cache import (
+    BlockHash,
+    PrefixCachingBlockPool,
+    PrefixCachingKVManager,
+    block_hashes,
+)
+from course_lib.scheduler import (
+    Scheduler,
+    SchedulerConfig,
+    SwapSpace,
+    kv_manager,
+    tokens_to_recompute,
+)
 from course_lib.slab import FITS, Fit, SlabAllocator
-from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
+from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import (
     check_at_most,
     check_int,
@@ -135,7 +147,9 @@ class SimConfig:
     fp16: 128 KiB per token), blocks of 16, requests up to 8,192 tokens, its minimal
     scheduler (FCFS, recompute, no limits) and its flat 25 ms step. ``prefix_caching``
     (paged only, off by default) lets a request resumed by recompute reuse its blocks
-    still cached (see the module's docstring).
+    still cached (see the module's docstring). ``free_order`` is the pool's
+    (``course_lib.paged``): ``"vllm"`` reuses a freed block without a hash first,
+    ``"fifo"`` (vLLM before May 2026) queues every freed block at the back.
     """
 
     allocator: Allocator = "paged"
@@ -147,6 +161,7 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     costs: CostModel = field(default_factory=CostModel)
     prefix_caching: bool = field(default=False, repr=False)
+    free_order: FreeOrder = field(default="vllm", repr=False)
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
@@ -162,6 +177,9 @@ class SimConfig:
             raise ValueError(f"costs must be a CostModel, got {self.costs!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
+        if self.free_order not in FREE_ORDERS:
+            raise ValueError(f"unknown free_order {self.free_order!r}; expected one of "
+                             f"{', '.join(FREE_ORDERS)}")
         if self.prefix_caching and self.allocator != "paged":
             raise ValueError(f"prefix caching needs the paged allocator, got "
                              f"allocator={self.allocator!r}")
@@ -346,71 +364,43 @@ class SimResult:
         return arena
 
     def pool_at(self, step: int) -> PoolSnapshot:
-        """The paged pool as it was at ``step``'s decode, with each block's fill, owner,
-        prefix-cache hash (prefix caching only) and what happened to it in that step; paged
+        """The paged pool as it was at ``step``'s decode: the run's events replayed into a
+        fresh copy of its memory (the same KV-cache manager), whose snapshot gives each
+        block's fill, owner, prefix-cache hash and what happened to it in that step; paged
         runs with ``record="full"`` only."""
         config = self.config
         if config.allocator != "paged":
             raise ValueError("pool_at is for the paged allocator; use arena_at")
-        tables: dict[int, list[int]] = {}
-        admitted: dict[int, Event] = {}
-        touched: dict[int, BlockEvent] = {}
-        cached: dict[int, tuple[int, int]] = {}  # block -> (request, block index) it caches
-        for event in self._events_until(step):
-            now = event.step == step
+        events = self._events_until(step)
+        memory = _PagedMemory(config)
+        finals = {r.id: r.total_len for r in self.trace}
+        running: dict[int, Event] = {}
+        started = False
+        for event in events:
+            if event.step == step and not started:
+                memory.pool.take_events()  # the snapshot shows only this step's events
+                started = True
+            rid = event.request
             if event.kind == "admit":
-                tables[event.request] = list(event.where)
-                admitted[event.request] = event
-                fresh = event.where[event.cached:]
+                hit = memory.cached_prefix(rid, event.length) if event.cached else []
+                if memory.admit(rid, event.length, finals[rid], hit)[1] != event.where:
+                    raise RuntimeError(f"replaying step {event.step} gave request {rid} other "
+                                       f"blocks than the run did; this is a bug")
+                running[rid] = event
             elif event.kind == "grow":
-                tables[event.request].extend(event.where)
-                fresh = event.where
+                memory.grow(rid)
             else:
-                table = tables.pop(event.request)
-                cached.update((block, (event.request, index))
-                              for index, block in enumerate(table[:event.cached]))
-                if now:
-                    touched.update(dict.fromkeys(table, "freed"))
-                continue
-            for block in fresh:
-                cached.pop(block, None)  # handed out again: its hash is evicted
-            if now:
-                touched.update(dict.fromkeys(fresh, "allocated"))
-                touched.update(dict.fromkeys(event.where[:len(event.where) - len(fresh)],
-                                             "cache-hit"))
-        hashes: dict[int, list[BlockHash]] = {}
-        for rid, index in cached.values():
-            hashes[rid] = _request_block_hashes(rid, index + 1, hashes.get(rid, ()))
-        size = config.block_size
-        fill: dict[int, tuple[int, str]] = {}
-        lengths = {}
-        for rid, table in tables.items():
-            event = admitted[rid]
-            lengths[str(rid)] = length = event.length + step - event.step + 1
-            for index, block in enumerate(table):
-                fill[block] = (min(size, length - index * size), str(rid))
-        blocks = tuple(
-            BlockView(block_id=b, tokens=fill[b][0] if b in fill else 0,
-                      owners=(fill[b][1],) if b in fill else (), ref_count=int(b in fill),
-                      cached_hash=(hashes[cached[b][0]][cached[b][1]].hex()
-                                   if b in cached else None),
-                      event=touched.get(b), is_null=b == NULL_BLOCK)
-            for b in range(config.num_blocks))
-        return PoolSnapshot(block_size=size, blocks=blocks,
-                            tables={str(r): tuple(t) for r, t in tables.items()},
-                            seq_lens=lengths, label=f"step {step}")
-
-
-def _request_block_hashes(request: int, count: int,
-                          known: Sequence[BlockHash] = ()) -> list[BlockHash]:
-    """Hashes of the first ``count`` full blocks of trace request id ``request``, extending
-    ``known``: vLLM's chain (parent hash, the block's tokens, extra keys) with the block's
-    index standing in for its tokens and the request as the first block's cache salt."""
-    hashes = list(known)
-    for index in range(len(hashes), count):
-        salt = (f"simulated request {request}",) if index == 0 else ()
-        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, (index,), salt))
-    return hashes
+                if event.cached:
+                    memory.cache(rid, event.length)
+                memory.release(rid, 0)
+                del running[rid]
+        if not started:
+            memory.pool.take_events()
+        for rid, admitted in running.items():  # lengths as of this step's token
+            behind = admitted.length + step - admitted.step + 1 - memory.manager.seq_len(str(rid))
+            if behind:
+                memory.extend(rid, behind)
+        return memory.manager.snapshot(label=f"step {step}")
 
 
 class _SlabMemory:
@@ -460,16 +450,28 @@ class _SlabMemory:
 
 
 class _PagedMemory:
-    """The step loop's view of a paged pool, with the block tables it keeps per request."""
+    """The step loop's view of a paged pool: the serving core's KV-cache manager
+    (``course_lib.scheduler.kv_manager``; with prefix caching, :class:`_HashedAtPreemption`)
+    over a pool without K/V storage.
+
+    Sequences are named by trace request id. A request's manager length is brought up to
+    date only at its events (admission: its length plus the step's token; each new block:
+    the first token that needs it), never per token. With prefix caching, a request's
+    token ids are its positions (0, 1, 2, ...) and its cache salt names it, so the real
+    hash chain (``course_lib.prefix_cache.block_hashes``) lets only the request itself
+    find its blocks; they get their hashes when it is preempted.
+    """
 
     def __init__(self, config: SimConfig) -> None:
         pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
-        self.pool = pool_type(config.num_blocks, config.block_size)
+        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
+        self.manager = _HashedAtPreemption(pool) if config.prefix_caching else kv_manager(pool)
+        self.pool = pool
         self.block_size = config.block_size
         self.usable = config.num_blocks - 1
         self.capacity = self.usable * config.block_size
-        self.tables: dict[int, list[int]] = {}
         self.hashes: dict[int, list[BlockHash]] = {}  # prefix caching: per request
+        self.tracked: set[int] = set()  # sequences added with token ids (resumed on a hit)
         self.version = 0
 
     def reject_reason(self, final_len: int) -> str | None:
@@ -484,62 +486,103 @@ class _PagedMemory:
         """Slots in blocks held by running requests."""
         return (self.usable - self.pool.num_free) * self.block_size
 
-    def admit(self, index: int, length: int, final_len: int,
+    def admit(self, request: int, length: int, final_len: int,
               hit: Sequence[int] = ()) -> tuple[int, tuple[int, ...]]:
-        """Take blocks for ``length + 1`` tokens: (slots, block ids), or (0, ()) if too few.
-        ``hit`` are cached blocks (free, from :meth:`cached_prefix`) to take back first;
-        they count against the free blocks like any other."""
+        """Add the sequence with room for ``length + 1`` tokens: (slots, block ids), or
+        (0, ()) if too few blocks are free. ``hit`` are the cached blocks
+        :meth:`cached_prefix` found (free, so they count against the free blocks); the
+        manager finds them again through the sequence's token ids and takes them first."""
         need = (length + self.block_size) // self.block_size
         if need > self.pool.num_free:
             return 0, ()
-        allocate = self.pool.allocate
+        seq = str(request)
         if hit:
-            self.pool.touch(hit)
-        table = [*hit, *(allocate() for _ in range(need - len(hit)))]
-        self.tables[index] = table
+            assert isinstance(self.manager, PrefixCachingKVManager)
+            found = self.manager.add_sequence(seq, token_ids=range(length),
+                                              cache_salt=_salt(request))
+            if found != len(hit) * self.block_size:
+                raise RuntimeError(f"request {request}: the manager found {found} cached "
+                                   f"tokens, the lookup {len(hit)} blocks; this is a bug")
+            self.manager.append_tokens(seq, token_ids=[length])
+            self.tracked.add(request)
+        else:
+            self.manager.add_sequence(seq, length + 1)
         self.version += 1
-        return need * self.block_size, tuple(table)
+        return need * self.block_size, self.manager.block_table(seq)
 
-    def cache(self, index: int, request_id: int, length: int) -> int:
+    def cache(self, request: int, length: int) -> int:
         """Prefix caching, before a preemption: give the request's full blocks (of
         ``length`` tokens written) their hashes; return how many."""
         full = length // self.block_size
-        hashes = self.hashes[index] = _request_block_hashes(request_id, full,
-                                                            self.hashes.get(index, ()))
-        table = self.tables[index]
+        hashes = self.hashes[request] = block_hashes(
+            range(full * self.block_size), self.block_size, cache_salt=_salt(request),
+            known=self.hashes.get(request, ()))
+        table = self.manager.block_table(str(request))
         for k in range(full):
             self.pool.cache_block(table[k], hashes[k])
         return full
 
-    def cached_prefix(self, index: int, length: int) -> list[int]:
+    def cached_prefix(self, request: int, length: int) -> list[int]:
         """Prefix caching: the leading blocks of a request resuming at ``length`` tokens
         still in the cache, leaving at least its last token to compute."""
-        hashes = self.hashes.get(index)
+        hashes = self.hashes.get(request)
         if not hashes:
             return []
         return self.pool.longest_cached_prefix(hashes[: (length - 1) // self.block_size])
 
-    def grow(self, index: int) -> int:
-        """Append one block to the request's table and return its id; 0 (the null block's
-        id, never handed out) when the pool is empty."""
+    def grow(self, request: int) -> bool:
+        """Extend the sequence to the first token of a new block; False (nothing changed)
+        when the pool is empty."""
+        length = self.manager.seq_len(str(request))
         try:
-            block = self.pool.allocate()
+            self.extend(request, -(-length // self.block_size) * self.block_size + 1 - length)
         except OutOfBlocks:
-            return NULL_BLOCK
-        self.tables[index].append(block)
-        return block
+            return False
+        return True
 
-    def release(self, index: int, written: int) -> None:
+    def last_block(self, request: int) -> int:
+        """The id of the request's last block."""
+        return self.manager.block_table(str(request))[-1]
+
+    def extend(self, request: int, count: int) -> None:
+        """Append ``count`` tokens to the request's sequence (positions as token ids when
+        the manager tracks its tokens)."""
+        seq = str(request)
+        if request in self.tracked:
+            length = self.manager.seq_len(seq)
+            self.manager.append_tokens(seq, token_ids=range(length, length + count))
+        else:
+            self.manager.append_tokens(seq, count)
+
+    def release(self, request: int, written: int) -> None:
         """Free the request's blocks, last block first (``written`` is not needed here)."""
-        free = self.pool.free
-        for block in reversed(self.tables.pop(index)):
-            free(block)
+        self.manager.free_sequence(str(request))
+        self.tracked.discard(request)
         self.version += 1
 
     def fragmentation(self, length: int, final_len: int) -> tuple[int, int, bool]:
         """For a waiting request: the slots of the blocks it needs, and no external
         fragmentation, since any free block fits any request."""
         return (length + self.block_size) // self.block_size * self.block_size, 0, False
+
+
+class _HashedAtPreemption(PrefixCachingKVManager):
+    """The prefix-caching manager, except that a sequence's full blocks get their hashes
+    only when the simulator preempts it (:meth:`_PagedMemory.cache`), not as they fill.
+
+    The simulator's requests share nothing, so a finished request's blocks could never be
+    found again; hashing them anyway (as vLLM does) would queue them at the back of the
+    free queue with the victims' caches and change which cached blocks are evicted first
+    (on the support-chat study: 111,440 tokens found in 224 of 350 resumptions instead of
+    113,312 in 230, chapter 05's figures)."""
+
+    def _cache_full_blocks(self, seq_id: str) -> None:
+        """Hash nothing as blocks fill (see the class)."""
+
+
+def _salt(request: int) -> str:
+    """The cache salt of trace request ``request``: only the request finds its blocks."""
+    return f"simulated request {request}"
 
 
 def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
@@ -582,6 +625,7 @@ class _Run:
                        else _SlabMemory(config))
         self.scheduler = Scheduler(config.scheduler, trace)
         n = len(trace)
+        self.ids = [r.id for r in trace]  # the memory names requests by trace id
         self.prompt = [r.prompt_len for r in trace]
         self.final = [r.total_len for r in trace]
         self.generated = [0] * n          # tokens generated before the current admission
@@ -629,8 +673,9 @@ class _Run:
     def _admit(self, i: int, t: int, length: int, hit: list[int]) -> bool:
         """Give request ``i`` memory for ``length + 1`` tokens at step ``t``, taking back the
         cached blocks ``hit`` first; False if there is not enough."""
-        slots, where = (self.memory.admit(i, length, self.final[i], hit) if hit
-                        else self.memory.admit(i, length, self.final[i]))
+        rid = self.trace[i].id
+        slots, where = (self.memory.admit(rid, length, self.final[i], hit) if hit
+                        else self.memory.admit(rid, length, self.final[i]))
         if not slots:
             return False
         self.scheduler.admit_next()
@@ -660,8 +705,8 @@ class _Run:
         if self.swap is not None and self.swap.swap_out(i, self.slots[i] // self.config.block_size):
             self._count_swap(self.slots[i])
         elif self.config.prefix_caching:
-            cached = self.memory.cache(i, self.trace[i].id, length)
-        self.memory.release(i, length - self.len0[i])
+            cached = self.memory.cache(self.trace[i].id, length)
+        self.memory.release(self.trace[i].id, length - self.len0[i])
         self.scheduler.stop(i)
         self.scheduler.requeue(i)
         self.sum_len -= length
@@ -680,7 +725,7 @@ class _Run:
 
     def _finish(self, i: int, t: int) -> None:
         """Request ``i`` wrote its last token at step ``t``: free its memory."""
-        self.memory.release(i, self.final[i] - self.len0[i])
+        self.memory.release(self.trace[i].id, self.final[i] - self.len0[i])
         self.scheduler.stop(i)
         self.sum_len -= self.final[i]
         self.sum_internal -= self.internal[i]
@@ -698,32 +743,32 @@ class _Run:
             return False
         if len(needs) > 1:
             needs.sort(key=self.admission.__getitem__)
-        grow, next_grow, slots, final = (self.memory.grow, self.next_grow, self.slots,
-                                         self.final)
+        grow, next_grow, slots, final, ids = (self.memory.grow, self.next_grow, self.slots,
+                                              self.final, self.ids)
         grow_at, finish, events = self.grow_at, self.finish, self.events
         size = self.config.block_size
         preempted = False
         for i in needs:
             if next_grow[i] != t:
                 continue  # preempted earlier in this step
-            block = grow(i)
-            if not block:  # the pool is empty: the scheduler's shared preemption loop
-                claimed = [NULL_BLOCK]
+            if not grow(ids[i]):  # the pool is empty: the scheduler's shared preemption loop
+                claimed = [False]
 
-                def fits(i: int = i, claimed: list[int] = claimed) -> bool:
-                    claimed[0] = grow(i)
-                    return claimed[0] != NULL_BLOCK
+                def fits(i: int = i, claimed: list[bool] = claimed) -> bool:
+                    claimed[0] = grow(ids[i])
+                    return claimed[0]
 
                 self.scheduler.preempt_until(i, fits, lambda victim: self._preempt(victim, t))
-                preempted, block = True, claimed[0]
-            if not block:
-                continue
+                preempted = True
+                if not claimed[0]:
+                    continue
             held = slots[i] = slots[i] + size
             if held > final[i]:
                 self.internal[i] = held - final[i]
                 self.sum_internal += held - final[i]
             if events is not None:
-                self._log(t, "grow", i, self.len0[i] + t - self.t0[i], (block,))
+                self._log(t, "grow", i, self.len0[i] + t - self.t0[i],
+                          (self.memory.last_block(ids[i]),))
             if t + size <= finish[i]:
                 next_grow[i] = t + size
                 grow_at.setdefault(t + size, []).append(i)
@@ -743,7 +788,7 @@ class _Run:
             length = self.prompt[i] + self.generated[i]
             hit: list[int] = []
             if self.config.prefix_caching and resumed and not resumed_by_swap:
-                hit = self.memory.cached_prefix(i, length)
+                hit = self.memory.cached_prefix(self.trace[i].id, length)
             computed = (tokens_to_recompute(length, len(hit), self.config.block_size)
                         if hit else length)
             cost = 1 if resumed_by_swap else computed

@@ -34,7 +34,7 @@ from course_lib.prefix_cache import (
     PrefixCachingKVManager,
     block_hashes,
 )
-from course_lib.scheduler import Scheduler, SchedulerConfig
+from course_lib.scheduler import Scheduler, SchedulerConfig, kv_manager
 from course_lib.workload import Request
 
 Draw = Callable[[int, PreparedRequest, Sample], None]
@@ -79,9 +79,7 @@ class ServingCore:
         if not isinstance(chunked_prefill, bool):
             raise ValueError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
         self.config, self.pool, self.chunked_prefill = config, pool, chunked_prefill
-        self.manager: PagedKVManager = (PrefixCachingKVManager(pool)
-                                        if isinstance(pool, PrefixCachingBlockPool)
-                                        else PagedKVManager(pool))
+        self.manager: PagedKVManager = kv_manager(pool)
         self.scheduler = Scheduler(config, [])
         self.requests: list[PreparedRequest] = []
         self.unfinished: dict[int, None] = {}
