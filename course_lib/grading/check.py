@@ -79,11 +79,18 @@ class Case:
 
 @dataclass(frozen=True)
 class Exercise:
-    """A graded exercise: a stable name, a title, and a factory for its cases."""
+    """A graded exercise: a stable name, a title, and a factory for its cases.
+
+    ``reference`` names the library objects that are its answer key (dotted, e.g.
+    ``"course_lib.paged.PagedKVManager.fork"``, or a whole module); graded code that uses
+    them scores zero in the instructor's grader. Case lists must be deterministic: the
+    grader and the learner's kernel build them separately and must agree.
+    """
 
     name: str
     title: str
     cases: Callable[[], Sequence[Case]]
+    reference: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,7 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     """``raised TypeError: message`` plus the line of learner code that raised it."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
@@ -239,7 +246,7 @@ def observe(case: Case, obj: Any) -> Observation:
     except NotImplementedError:
         raise
     except Exception as error:  # the learner's code may raise anything
-        return {"raised": error_names(type(error)), "shown": _describe_error(error)}
+        return {"raised": error_names(type(error)), "shown": describe_error(error)}
     try:
         return {"value": to_plain(got), "shown": _describe(got)}
     except NotPlainData as error:
@@ -261,7 +268,7 @@ def judge(case: Case, observation: Observation) -> CaseResult:
             want = expected if isinstance(expected, Satisfies) else to_plain(expected)
             passed = bool(case.compare(observation["value"], want))
         except Exception as error:  # a comparison on a malformed result
-            passed, shown = False, f"{shown} ({_describe_error(error)})"
+            passed, shown = False, f"{shown} ({describe_error(error)})"
     return CaseResult(case.call, passed, shown, _describe(expected), case.hint)
 
 
