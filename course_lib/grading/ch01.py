@@ -91,9 +91,16 @@ def _predict_log_cases() -> list[Case]:
     ]
 
 
+_KV = "course_lib.kv_math"
+
 EXERCISES = (
-    Exercise("01.bytes_per_token", "KV bytes per token", _bytes_per_token_cases),
-    Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases),
-    Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases),
-    Exercise("01.predict_vllm_log", "Predict vLLM's KV log lines", _predict_log_cases),
+    Exercise("01.bytes_per_token", "KV bytes per token", _bytes_per_token_cases,
+             reference=(f"{_KV}.bytes_per_token", f"{_KV}.ModelShape.bytes_per_token",
+                        f"{_KV}.capacity")),
+    Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases,
+             reference=(f"{_KV}.blocks_needed", "course_lib.paged.PagedKVManager.blocks_needed")),
+    Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases,
+             reference=(f"{_KV}.capacity", f"{_KV}.concurrent_requests")),
+    Exercise("01.predict_vllm_log", "Predict vLLM's KV log lines", _predict_log_cases,
+             reference=(f"{_KV}.capacity", f"{_KV}.vllm_kv_log_lines")),
 )

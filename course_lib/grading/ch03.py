@@ -315,9 +315,14 @@ def _cost_cases() -> list[Case]:
 
 EXERCISES = (
     Exercise("03.last_block", "Blocks for a length, and the last block's fill",
-             _last_block_cases),
-    Exercise("03.u_paged", "Utilisation of a paged sequence", _utilization_cases),
-    Exercise("03.block_pool", "A free-block pool with a null block", _block_pool_cases),
-    Exercise("03.block_tables", "Block tables with allocate-on-demand", _block_table_cases),
-    Exercise("03.cost_per_million", "Cost per million output tokens", _cost_cases),
+             _last_block_cases,
+             reference=("course_lib.paged.PagedKVManager", "course_lib.kv_math.blocks_needed")),
+    Exercise("03.u_paged", "Utilisation of a paged sequence", _utilization_cases,
+             reference=("course_lib.kv_math.paged_utilization",)),
+    Exercise("03.block_pool", "A free-block pool with a null block", _block_pool_cases,
+             reference=("course_lib.paged.BlockPool",)),
+    Exercise("03.block_tables", "Block tables with allocate-on-demand", _block_table_cases,
+             reference=("course_lib.paged.PagedKVManager",)),
+    Exercise("03.cost_per_million", "Cost per million output tokens", _cost_cases,
+             reference=("course_lib.simulator.simulate", "course_lib.simulator.SimResult")),
 )

@@ -254,10 +254,15 @@ def _resume_cases() -> list[Case]:
 
 
 EXERCISES = (
-    Exercise("05.can_admit", "Can this request be admitted now?", _can_admit_cases),
-    Exercise("05.choose_victim", "Choose the victim", _victim_cases),
-    Exercise("05.recompute_tokens", "Tokens a resumed request recomputes", _recompute_cases),
-    Exercise("05.swap_space", "Swap-space accounting", _swap_cases),
+    Exercise("05.can_admit", "Can this request be admitted now?", _can_admit_cases,
+             reference=("course_lib.scheduler.Scheduler",)),
+    Exercise("05.choose_victim", "Choose the victim", _victim_cases,
+             reference=("course_lib.scheduler.Scheduler",)),
+    Exercise("05.recompute_tokens", "Tokens a resumed request recomputes", _recompute_cases,
+             reference=("course_lib.scheduler.tokens_to_recompute",)),
+    Exercise("05.swap_space", "Swap-space accounting", _swap_cases,
+             reference=("course_lib.scheduler.SwapSpace",)),
     Exercise("05.resume_seconds", "Recompute or swap: the cost of coming back",
-             _resume_cases),
+             _resume_cases,
+             reference=("course_lib.simulator.CostModel.step_time",)),
 )

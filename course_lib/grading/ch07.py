@@ -133,5 +133,6 @@ def _step_cases() -> list[Case]:
 
 EXERCISES = (
     Exercise("07.engine_step", "One engine step: schedule, block tables, model, tokens",
-             _step_cases),
+             _step_cases,
+             reference=("course_lib.engine.PagedEngine", "course_lib.engine.generate")),
 )
