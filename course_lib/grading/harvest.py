@@ -11,15 +11,22 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from course_lib.grading import find_exercise
-from course_lib.grading.check import describe_error, observe
+from course_lib.grading.check import Case, describe_error, observe
+
+
+def _blind_cases(name: str) -> list[Case]:
+    """Exercise ``name``'s cases without their expected values, which the grader keeps: the
+    learner's code runs next, and must not find the answers in this process."""
+    return [replace(case, expected=None, compare=None) for case in find_exercise(name).cases()]
 
 
 def harvest(name: str, graded: Callable[[], Any], nonce: str) -> None:
     """Observe every case of exercise ``name`` on ``graded()`` and print the JSON."""
-    cases = list(find_exercise(name).cases())
+    cases = _blind_cases(name)
     payload: dict[str, Any] = {"exercise": name, "calls": [case.call for case in cases]}
     try:
         obj = graded()
