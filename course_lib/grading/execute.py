@@ -255,13 +255,20 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
     except Exception as error:  # a kernel that cannot start is this notebook's problem
         result.status, result.problem = "kernel died", f"kernel did not start ({error})"[:300]
         return
+    task = asyncio.ensure_future(client.async_execute())
     try:
-        await asyncio.wait_for(client.async_execute(), limits.timeout)
-    except (TimeoutError, CellTimeoutError):
-        result.status, result.problem = "timed out", f"timed out after {limits.timeout:g} s"
-    except DeadKernelError:
-        result.status, result.problem = "kernel died", (
-            f"kernel died (memory limit {limits.memory_mb} MB, a crash or a kill)")
+        await asyncio.wait({task}, timeout=limits.timeout)
+        if not task.done():  # the clock decides, whatever nbclient makes of the kill
+            over()
+            result.status, result.problem = _why(TimeoutError(), limits)
+            task.cancel()
+        try:
+            await asyncio.wait_for(task, 30)
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+        except (CellTimeoutError, DeadKernelError) as error:
+            if not result.status:
+                result.status, result.problem = _why(error, limits)
     finally:
         client.kc.stop_channels()
     if client.over:
@@ -269,6 +276,13 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
         result.problem = (f"printed more than {limits.output_mb} MB" if client.over == "output"
                           else f"harvest over {limits.harvest_mb} MB")
     result.first_error = _first_error(runnable, harvest_at, limits)
+
+
+def _why(error: BaseException, limits: Limits) -> tuple[str, str]:
+    """(status, reason) for how a notebook's execution ended early."""
+    if isinstance(error, CellTimeoutError | TimeoutError):
+        return "timed out", f"timed out after {limits.timeout:g} s"
+    return "kernel died", f"kernel died (memory limit {limits.memory_mb} MB, a crash or a kill)"
 
 
 def _first_error(notebook: Any, harvest_at: Mapping[int, str], limits: Limits) -> str:

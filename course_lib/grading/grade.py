@@ -130,6 +130,8 @@ def _exercise_rows(sub: Submission, exercises: Sequence[Exercise],
         elif exercise.name in execution.harvests:
             score, status, reason = judge_harvest(execution.harvests[exercise.name], exercise,
                                                   cases[exercise.name])
+            if score < 1 and execution.first_error:
+                reason += f" (the notebook raised {execution.first_error})"
             rows.append(dataclasses.replace(base, score=score, status=status, reason=reason))
         elif execution.status:
             rows.append(dataclasses.replace(base, status=execution.status,
