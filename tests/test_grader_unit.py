@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_lib.__main__ import main
-from course_lib.grading import find_exercise
+from course_lib.grading import GRADING_ENV, check, find_exercise
 from course_lib.grading.check import NotPlainData, observe, to_plain
 from course_lib.grading.grade import GradeRow, judge_harvest
 from course_lib.grading.report import output_paths, safe_cell, summary, write_csv
@@ -166,12 +166,14 @@ def test_inventory_accounts_for_every_file(tmp_path: Path) -> None:
     (alice / ".ipynb_checkpoints").mkdir()
     (alice / ".ipynb_checkpoints" / "01_a-checkpoint.ipynb").write_text(_nb())
     os.mkdir(os.fsencode(tmp_path) + b"/caf\xe9")
+    (tmp_path / "02_loose.ipynb").write_text(_nb())
     inventory = find_submissions(tmp_path, ("01", "02"))
     assert inventory.learners == ["alice", "caf\\xe9"]
     assert list(inventory.graded) == [("alice", "01")]
     notes = {(n.name, n.status) for n in inventory.notes}
     assert notes == {("01_b.ipynb", "duplicate"), ("notes.ipynb", "misnamed"),
-                     ("99_extra.ipynb", "misnamed"), ("sub/02_x.ipynb", "misnamed")}
+                     ("99_extra.ipynb", "misnamed"), ("sub/02_x.ipynb", "misnamed"),
+                     ("02_loose.ipynb", "misnamed")}
 
 
 def test_csv_cells_never_become_formulas(tmp_path: Path) -> None:
@@ -195,3 +197,11 @@ def test_out_is_refused_before_any_work(tmp_path: Path, out: str, message: str) 
         output_paths(tmp_path / out, tmp_path / "subs")
     code = main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / out)])
     assert code == 2 and not (tmp_path / "grades.csv").exists()
+
+
+def test_check_leaves_the_cases_to_the_grader_in_a_graded_kernel(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(GRADING_ENV, "1")
+    result = check("00.to_kib", lambda n: 1 / 0)
+    assert (result.total, result.passed) == (0, 0)
+    assert "grader runs this check itself" in capsys.readouterr().out

@@ -74,12 +74,14 @@ class Sandbox:
 
 @dataclass
 class Execution:
-    """What came back from one notebook: harvest texts by exercise and what went wrong."""
+    """What came back from one notebook: harvest texts by exercise, what went wrong, and
+    ``grader_problem`` when the fault is the grader's (the kernel would not even start)."""
 
     harvests: dict[str, str] = field(default_factory=dict)
     status: str = ""
     problem: str = ""
     first_error: str = ""
+    grader_problem: str = ""
 
 
 def _digest(items: Any) -> str:
@@ -252,8 +254,9 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
         client.kc = km.client()
         client.kc.start_channels()
         await client.kc.wait_for_ready(timeout=limits.startup)
-    except Exception as error:  # a kernel that cannot start is this notebook's problem
+    except Exception as error:  # no learner code has run yet: the grader's own problem
         result.status, result.problem = "kernel died", f"kernel did not start ({error})"[:300]
+        result.grader_problem = result.problem
         return
     task = asyncio.ensure_future(client.async_execute())
     try:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,9 +156,15 @@ def parse_notebook(sub: Submission) -> tuple[Any, str]:
         return None, f"not a valid notebook ({type(error).__name__})"
 
 
-async def grade_submission(sub: Submission, cases: dict[str, list[Case]], limits: Limits,
-                           sandbox: Sandbox) -> list[GradeRow]:
-    """Execute one submission and score each exercise of its chapter."""
+def expected_cases(chapter: str) -> dict[str, list[Case]]:
+    """Every exercise's cases in ``chapter``, expected values computed here."""
+    return {e.name: list(e.cases()) for e in chapter_exercises(chapter)}
+
+
+async def grade_submission(sub: Submission, cases: Awaitable[dict[str, list[Case]]],
+                           limits: Limits, sandbox: Sandbox) -> list[GradeRow]:
+    """Execute one submission and score each exercise of its chapter; ``cases`` may still
+    be being computed meanwhile."""
     exercises = chapter_exercises(sub.chapter)
     notebook, problem = parse_notebook(sub)
     if notebook is None:
@@ -167,7 +174,19 @@ async def grade_submission(sub: Submission, cases: dict[str, list[Case]], limits
                          for c in notebook.cells])
     checks = graded_checks(trees, [e.name for e in exercises])
     execution = await execute(Path(sub.name).name, notebook, checks, limits, sandbox)
-    return _exercise_rows(sub, exercises, cases, trees, checks, execution)
+    if execution.grader_problem:
+        raise RuntimeError(execution.grader_problem)
+    return _exercise_rows(sub, exercises, await cases, trees, checks, execution)
+
+
+def tree_digest(folder: Path) -> str:
+    """A hash of every file name and content under ``folder``, to see a change afterwards."""
+    sha = hashlib.sha256()
+    for path in sorted(folder.rglob("*"), key=lambda p: os.fsencode(p)):
+        sha.update(os.fsencode(path) + b"\0")
+        if path.is_file() and not path.is_symlink():
+            sha.update(hashlib.sha256(path.read_bytes()).digest())
+    return sha.hexdigest()
 
 
 def _not_submitted(inventory: Inventory, chapters: Sequence[str]) -> list[GradeRow]:
@@ -192,24 +211,28 @@ def grade_folder(folder: Path, limits: Limits | None = None, jobs: int = 1,
         chapter_exercises(chapter)  # unknown chapters raise before any work
     inventory = find_submissions(Path(folder).resolve(), chapters)
     report = GradeReport()
-    submitted = sorted({sub.chapter for sub in inventory.graded.values()})
-    cases = {e.name: list(e.cases()) for ch in submitted for e in chapter_exercises(ch)}
-    sandbox = Sandbox.snapshot()
-    graded = asyncio.run(_grade_all(list(inventory.graded.values()), cases, limits, sandbox,
-                                    jobs, progress, report))
+    sandbox, handed_in = Sandbox.snapshot(), tree_digest(Path(folder))
+    graded = asyncio.run(_grade_all(list(inventory.graded.values()), limits, sandbox, jobs,
+                                    progress, report))
     report.rows = sorted([*graded, *_not_submitted(inventory, chapters)],
                          key=lambda r: (r.learner, r.chapter, r.exercise))
     report.rows += [GradeRow(n.learner, "", n.name, "", 0.0, n.status, n.reason)
                     for n in inventory.notes]
     if Sandbox.snapshot().digest() != sandbox.digest():
         report.problems.append("course_lib changed on disk while grading")
+    if tree_digest(Path(folder)) != handed_in:
+        report.problems.append(f"files under {str(folder)!r} changed while grading")
     return report
 
 
-async def _grade_all(subs: list[Submission], cases: dict[str, list[Case]], limits: Limits,
-                     sandbox: Sandbox, jobs: int, progress: Callable[[int, int], Any] | None,
+async def _grade_all(subs: list[Submission], limits: Limits, sandbox: Sandbox, jobs: int,
+                     progress: Callable[[int, int], Any] | None,
                      report: GradeReport) -> list[GradeRow]:
-    """Grade ``subs`` with at most ``jobs`` kernels at once, each under its own user id."""
+    """Grade ``subs`` with at most ``jobs`` kernels at once, each under its own user id,
+    while a thread computes the expected values of the chapters handed in."""
+    loop = asyncio.get_running_loop()
+    cases = {chapter: loop.run_in_executor(None, expected_cases, chapter)
+             for chapter in sorted({sub.chapter for sub in subs})}
     slots: asyncio.Queue[int | None] = asyncio.Queue()
     done = [0]
     for slot in range(jobs):
@@ -218,7 +241,7 @@ async def _grade_all(subs: list[Submission], cases: dict[str, list[Case]], limit
     async def one(sub: Submission) -> list[GradeRow]:
         uid = await slots.get()
         try:
-            return await grade_submission(sub, cases, limits,
+            return await grade_submission(sub, cases[sub.chapter], limits,
                                           dataclasses.replace(sandbox, uid=uid))
         except Exception as error:  # a grader bug: report it, grade the others
             report.problems.append(f"{sub.learner}/{sub.name}: {type(error).__name__}: {error}")

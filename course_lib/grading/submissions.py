@@ -83,6 +83,9 @@ def find_submissions(folder: Path, chapters: tuple[str, ...]) -> Inventory:
     for entry in sorted(folder.iterdir(), key=lambda p: os.fsencode(p.name)):
         if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
             _learner(entry, shown(entry.name), chapters, inventory)
+        elif entry.name.endswith(".ipynb"):
+            inventory.notes.append(FileNote("", shown(entry.name), "misnamed",
+                                            f"{shown(entry.name)} is not in a learner's folder"))
     return inventory
 
 
