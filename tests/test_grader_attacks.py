@@ -136,6 +136,10 @@ def _cheats(subs: Path, out: Path) -> None:
                               'sleep 4.321; echo pwned > {out}; touch {marker}'])
             """, WRONG, 'check("01.bytes_per_token", bytes_per_token)'),
         "=SUM(A1)": (ROOT / "exercises" / CH01).read_text(),
+        "crash": notebook(WRONG, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                          'check("01.bytes_per_token", bytes_per_token)'),
+        "chatty": notebook("for _ in range(40):\n    print('x' * 2**20)", WRONG,
+                           'check("01.bytes_per_token", bytes_per_token)'),
     }
     for learner, text in learners.items():
         (subs / learner).mkdir(parents=True)
@@ -189,6 +193,14 @@ def test_cheats_score_zero(cheats: tuple, learner: str) -> None:
     assert all(float(r["score"]) == 0.0 for r in rows[learner]), rows[learner]
     assert _exercise(rows[learner], "01.bytes_per_token")["status"] in (
         "failed", "check did not run")
+
+
+def test_a_dead_kernel_and_a_flood_of_output_score_zero_with_the_reason(cheats: tuple) -> None:
+    _, rows, _, _ = cheats
+    crash, chatty = (_exercise(rows[name], "01.bytes_per_token") for name in ("crash", "chatty"))
+    assert (crash["score"], crash["status"]) == ("0.000", "kernel died")
+    assert (chatty["score"], chatty["status"], chatty["reason"]) == (
+        "0.000", "output limit", "printed more than 16 MB")
 
 
 def test_rigged_values_fail_as_plain_data(cheats: tuple) -> None:
