@@ -264,12 +264,25 @@ def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
         (subs / learner).mkdir(parents=True)
         (subs / learner / CH01).write_text(notebook(attack, WRONG,
                                                     'check("01.bytes_per_token", bytes_per_token)'))
+    (subs / "partial").mkdir()
+    (subs / "partial" / CH01).write_text(notebook(
+        """
+        def bytes_per_token(layers, kv_heads, head_dim, dtype_bytes):
+            if min(layers, kv_heads, head_dim, dtype_bytes) < 1:
+                raise ValueError(layers)
+            return 2 * layers * kv_heads * head_dim * dtype_bytes
+        """, 'check("01.bytes_per_token", bytes_per_token)', "import time\ntime.sleep(1000)"))
     start = time.monotonic()
     code = main(["grade", str(subs), "--out", str(out), "--timeout", "5", "--jobs", "1",
                  "--memory-mb", "1024", "--chapters", "01"])
     elapsed = time.monotonic() - start
-    assert code == 0 and elapsed < 15 * len(attacks)
+    assert code == 0 and elapsed < 15 * (len(attacks) + 1)
     rows = _rows(out)
+    scored, stopped = (_exercise(rows["partial"], name)
+                       for name in ("01.bytes_per_token", "01.blocks_needed"))
+    assert (scored["score"], scored["reason"]) == ("1.000",
+                                                   "then the notebook timed out after 5 s")
+    assert (stopped["score"], stopped["status"]) == ("0.000", "check did not run")
     for learner in ("busy", "fork", "daemon"):
         row = _exercise(rows[learner], "01.bytes_per_token")
         assert (row["score"], row["status"], row["reason"]) == (

@@ -2,8 +2,10 @@
 
 ``check(name, obj)`` never raises because of the learner's code: every case runs inside a
 guard, and the report says what was called, what came back, what was expected and a hint.
-The result also goes into the cell output under ``CHECK_MIME`` as JSON, which is what the
-instructor's grading command reads back from an executed notebook.
+The result also goes into the cell output under ``CHECK_MIME`` as JSON, for tools and
+tests; the instructor's grader never reads it. Both ``check`` and the grader compare only
+plain data (``to_plain``): ``observe`` runs a case where the learner's code is, ``judge``
+compares where the expected value is, so the grader can judge outside the learner's process.
 """
 
 from __future__ import annotations

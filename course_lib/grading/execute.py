@@ -16,9 +16,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,32 +120,47 @@ def with_harvests(notebook: Any, checks: Mapping[str, GradedCheck],
 
 
 def kill_tree(pid: int | None, mark: str, uid: int | None) -> None:
-    """Stop, then kill, ``pid`` with its descendants, every process tagged ``mark`` and every
-    process of ``uid``, until none is left."""
-    me = os.getpid()
+    """End ``pid`` (the sandbox wrapper) with its descendants, every process tagged ``mark``
+    and every process of ``uid``, until none is left.
+
+    The wrapper is asked first: it kills and reaps everything below it, setsid'd orphans
+    included. Then whatever is left is stopped (so nothing forks away) and killed.
+    """
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            wrapper = psutil.Process(pid)
+            wrapper.terminate()
+            psutil.wait_procs([wrapper], timeout=3)
     for _ in range(20):
-        found: dict[int, psutil.Process] = {}
-        if pid is not None:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(pid)
-                found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-        for proc in psutil.process_iter(["uids", "status"]):
-            if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if uid is not None and proc.info["uids"] and proc.info["uids"].real == uid:
-                found[proc.pid] = proc
-                continue
-            with contextlib.suppress(psutil.Error):
-                if proc.environ().get(MARK) == mark:
-                    found[proc.pid] = proc
-        live = [p for p in found.values() if _alive(p)]
+        live = [p for p in _tagged(pid, mark, uid) if _alive(p)]
         if not live:
             return
-        for sig in (19, 9):  # SIGSTOP everything first, so nothing forks away, then SIGKILL
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
             for proc in live:
                 with contextlib.suppress(psutil.Error):
                     proc.send_signal(sig)
-        psutil.wait_procs(live, timeout=2)
+        deadline = time.monotonic() + 2
+        while any(map(_alive, live)) and time.monotonic() < deadline:
+            time.sleep(0.02)  # a killed orphan may stay a zombie: dead is enough
+
+
+def _tagged(pid: int | None, mark: str, uid: int | None) -> list[psutil.Process]:
+    """``pid`` and its descendants, and every other process tagged ``mark`` or run as ``uid``."""
+    me, found = os.getpid(), {}
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+    for proc in psutil.process_iter(["uids", "status"]):
+        if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if uid is not None and proc.info["uids"] and proc.info["uids"].real == uid:
+            found[proc.pid] = proc
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(MARK) == mark:
+                found[proc.pid] = proc
+    return list(found.values())
 
 
 def _alive(proc: psutil.Process) -> bool:

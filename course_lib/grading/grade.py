@@ -133,6 +133,9 @@ def _exercise_rows(sub: Submission, exercises: Sequence[Exercise],
                                                   cases[exercise.name])
             if score < 1 and execution.first_error:
                 reason += f" (the notebook raised {execution.first_error})"
+            if execution.status:  # scored before the notebook stopped: say so
+                note = f"then the notebook {execution.problem}"
+                reason = f"{reason}; {note}" if reason else note
             rows.append(dataclasses.replace(base, score=score, status=status, reason=reason))
         elif execution.status:
             rows.append(dataclasses.replace(base, status=execution.status,
