@@ -53,8 +53,11 @@ def test_rigged_values_lose_their_tricks() -> None:
     assert type(got) is int and got != 5
     with pytest.raises(NotPlainData, match="Anything"):
         to_plain(Anything())
-    with pytest.raises(NotPlainData, match="keys"):
-        to_plain({1: 2})
+    assert to_plain({1: [2], Yes(3): 4}) == {"1": [2], "3": 4}
+    with pytest.raises(NotPlainData, match="1 and '1'"):
+        to_plain({1: 2, "1": 3})
+    with pytest.raises(NotPlainData, match="tuple key"):
+        to_plain({(1, 2): 3})
 
 
 def test_arrays_and_tensors_become_nested_lists() -> None:

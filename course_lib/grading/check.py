@@ -189,10 +189,20 @@ def _plain_array(value: Any) -> Any | None:
     return None
 
 
+def _plain_key(key: Any) -> str:
+    """A dict key as JSON writes it: strings stay, integers become their decimal text."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, int) and type(key) is not bool:
+        return str(int.__int__(key))
+    raise NotPlainData(f"a dict with a {type(key).__name__} key is not plain data")
+
+
 def to_plain(value: Any, _depth: int = 0) -> Any:
     """``value`` as plain data (None, bool, int, float, str, lists, dicts with str keys).
 
-    Tuples become lists; numpy and torch values become nested lists of numbers (NaN kept);
+    Tuples become lists, integer dict keys their decimal text (as JSON writes them); numpy
+    and torch values become nested lists of numbers (NaN kept);
     dataclasses of ``course_lib`` become dicts by field; subclasses of int, float and str
     become the builtin value, so a rigged ``__eq__`` is gone. Anything else (a learner's
     own class) raises :class:`NotPlainData`: only plain values are ever compared.
@@ -207,9 +217,10 @@ def to_plain(value: Any, _depth: int = 0) -> Any:
     if type(value) in (list, tuple):
         return [to_plain(item, _depth + 1) for item in value]
     if type(value) is dict:
-        if not all(type(key) is str for key in value):
-            raise NotPlainData("a dict whose keys are not all strings is not plain data")
-        return {key: to_plain(item, _depth + 1) for key, item in value.items()}
+        plain = {_plain_key(key): to_plain(item, _depth + 1) for key, item in value.items()}
+        if len(plain) != len(value):
+            raise NotPlainData("a dict with both 1 and '1' as keys is not plain data")
+        return plain
     array = _plain_array(value)
     if array is not None:
         return to_plain(array, _depth + 1)
