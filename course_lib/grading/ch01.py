@@ -213,10 +213,18 @@ def _longest_cases() -> list[Case]:
 
 EXERCISES = (
     Exercise("01.bytes_per_token", "KV bytes per token from a config.json",
-             _bytes_per_token_cases),
-    Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases),
-    Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases),
-    Exercise("01.predict_vllm_log", "Predict vLLM's KV log lines", _predict_log_cases),
+             _bytes_per_token_cases,
+             reference=("course_lib.kv_math.bytes_per_token",
+                        "course_lib.kv_math.ModelShape.bytes_per_token",
+                        "course_lib.kv_math.capacity", "course_lib.engine.config_from_hf")),
+    Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases,
+             reference=("course_lib.kv_math.blocks_needed",
+                        "course_lib.paged.PagedKVManager.blocks_needed")),
+    Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases,
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests")),
+    Exercise("01.predict_vllm_log", "Predict vLLM's KV log lines", _predict_log_cases,
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.vllm_kv_log_lines")),
     Exercise("01.longest_max_len", "The longest max_len at a required concurrency",
-             _longest_cases),
+             _longest_cases,
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests")),
 )

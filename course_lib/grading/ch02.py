@@ -481,11 +481,17 @@ def _growing_cases() -> list[Case]:
 
 
 EXERCISES = (
-    Exercise("02.slot_states", "Written, still to write, never written", _slot_states_cases),
-    Exercise("02.first_fit", "First-fit gap search", _first_fit_cases),
-    Exercise("02.no_gap_fits", "Free, but no gap fits", _no_gap_fits_cases),
+    Exercise("02.slot_states", "Written, still to write, never written", _slot_states_cases,
+             reference=("course_lib.slab",)),
+    Exercise("02.first_fit", "First-fit gap search", _first_fit_cases,
+             reference=("course_lib.slab",)),
+    Exercise("02.no_gap_fits", "Free, but no gap fits", _no_gap_fits_cases,
+             reference=("course_lib.slab",)),
     Exercise("02.reserve_max_arena", "A reserve-max arena: admit and release",
-             _reserve_max_cases),
-    Exercise("02.first_fit_arena", "An exact-size first-fit arena", _first_fit_arena_cases),
-    Exercise("02.growing_arena", "Grow in place, or move", _growing_cases),
+             _reserve_max_cases,
+             reference=("course_lib.slab",)),
+    Exercise("02.first_fit_arena", "An exact-size first-fit arena", _first_fit_arena_cases,
+             reference=("course_lib.slab",)),
+    Exercise("02.growing_arena", "Grow in place, or move", _growing_cases,
+             reference=("course_lib.slab",)),
 )

@@ -617,11 +617,21 @@ def _system_prompt_cases() -> list[Case]:
 
 
 EXERCISES = (
-    Exercise("04.fork", "Fork a block table", _fork_cases),
-    Exercise("04.append_token", "Append a token with copy-on-write", _append_cases),
-    Exercise("04.block_hashes", "The block-hash chain", _block_hashes_cases),
-    Exercise("04.longest_cached_prefix", "Longest cached prefix", _lookup_cases),
-    Exercise("04.free_queue", "The prefix cache's free queue and eviction order", _queue_cases),
+    Exercise("04.fork", "Fork a block table", _fork_cases,
+             reference=("course_lib.paged.PagedKVManager.fork",)),
+    Exercise("04.append_token", "Append a token with copy-on-write", _append_cases,
+             reference=("course_lib.paged.PagedKVManager.append_tokens",)),
+    Exercise("04.block_hashes", "The block-hash chain", _block_hashes_cases,
+             reference=("course_lib.prefix_cache.block_hashes",
+                        "course_lib.prefix_cache.PrefixCachingKVManager")),
+    Exercise("04.longest_cached_prefix", "Longest cached prefix", _lookup_cases,
+             reference=("course_lib.prefix_cache.PrefixCachingBlockPool",
+                        "course_lib.prefix_cache.PrefixCachingKVManager")),
+    Exercise("04.free_queue", "The prefix cache's free queue and eviction order",
+             _queue_cases,
+             reference=("course_lib.prefix_cache.PrefixCachingBlockPool",
+                        "course_lib.prefix_cache.PrefixCachingKVManager")),
     Exercise("04.system_prompt_blocks", "Blocks for chats behind one system prompt",
-             _system_prompt_cases),
+             _system_prompt_cases,
+             reference=("course_lib.sharing",)),
 )

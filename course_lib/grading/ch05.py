@@ -395,12 +395,18 @@ def _plan_cases() -> list[Case]:
 
 
 EXERCISES = (
-    Exercise("05.admit_from_queue", "Admit from the waiting queue", _admit_cases),
-    Exercise("05.choose_victim", "vLLM's priority victim", _victim_cases),
-    Exercise("05.recompute_tokens", "Tokens a resumed request recomputes", _recompute_cases),
-    Exercise("05.swap_space", "Swap-space accounting", _swap_cases),
+    Exercise("05.admit_from_queue", "Admit from the waiting queue", _admit_cases,
+             reference=("course_lib.scheduler.Scheduler",)),
+    Exercise("05.choose_victim", "vLLM's priority victim", _victim_cases,
+             reference=("course_lib.scheduler.Scheduler",)),
+    Exercise("05.recompute_tokens", "Tokens a resumed request recomputes", _recompute_cases,
+             reference=("course_lib.scheduler.tokens_to_recompute",)),
+    Exercise("05.swap_space", "Swap-space accounting", _swap_cases,
+             reference=("course_lib.scheduler.SwapSpace",)),
     Exercise("05.resume_seconds", "The cost of coming back, with the prefix cache",
-             _resume_cases),
-    Exercise("05.plan_preemptions", "Plan one step's preemptions", _plan_cases),
+             _resume_cases,
+             reference=("course_lib.simulator.CostModel.step_time",)),
+    Exercise("05.plan_preemptions", "Plan one step's preemptions", _plan_cases,
+             reference=("course_lib.scheduler.Scheduler",)),
     SCHEDULER_STEP,
 )

@@ -265,4 +265,5 @@ def _cases() -> list[Case]:
 
 
 SCHEDULER_STEP = Exercise("05.scheduler_step", "One scheduler step of continuous batching",
-                          _cases)
+                          _cases, reference=("course_lib.simulator", "course_lib.scheduler",
+                                             "course_lib.engine.core.ServingCore"))

@@ -2,17 +2,20 @@
 
 ``check(name, obj)`` never raises because of the learner's code: every case runs inside a
 guard, and the report says what was called, what came back, what was expected and a hint.
-The result also goes into the cell output under ``CHECK_MIME`` as JSON, which is what the
-instructor's grading command reads back from an executed notebook.
+The result also goes into the cell output under ``CHECK_MIME`` as JSON, for tools and
+tests; the instructor's grader never reads it. Both ``check`` and the grader compare only
+plain data (``to_plain``): ``observe`` runs a case where the learner's code is, ``judge``
+compares where the expected value is, so the grader can judge outside the learner's process.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 CHECK_MIME = "application/vnd.course-lib.check+json"
@@ -78,11 +81,18 @@ class Case:
 
 @dataclass(frozen=True)
 class Exercise:
-    """A graded exercise: a stable name, a title, and a factory for its cases."""
+    """A graded exercise: a stable name, a title, and a factory for its cases.
+
+    ``reference`` names the library objects that are its answer key (dotted, e.g.
+    ``"course_lib.paged.PagedKVManager.fork"``, or a whole module); graded code that uses
+    them scores zero in the instructor's grader. Case lists must be deterministic: the
+    grader and the learner's kernel build them separately and must agree.
+    """
 
     name: str
     title: str
     cases: Callable[[], Sequence[Case]]
+    reference: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,36 +167,127 @@ class CheckResult:
         }
 
 
+Observation = dict[str, Any]
+"""Plain data of one case run: ``{"value": ..., "shown": ...}``, ``{"raised": [names],
+"shown": ...}`` or ``{"not_plain": why, "shown": ...}``; JSON as it crosses to the grader."""
+
+
+class NotPlainData(TypeError):
+    """A learner's value that is not plain data, so it cannot be compared safely."""
+
+
+def _plain_array(value: Any) -> Any | None:
+    """numpy arrays and scalars, torch tensors: nested lists of Python numbers, else None."""
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return torch.Tensor.tolist(torch.Tensor.detach(value).cpu())
+    if numpy is not None and isinstance(value, numpy.ndarray | numpy.generic):
+        array = numpy.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise NotPlainData(f"an array of dtype {array.dtype} is not plain data")
+        return numpy.ndarray.tolist(array)
+    return None
+
+
+def _plain_key(key: Any) -> str:
+    """A dict key as JSON writes it: strings stay, integers become their decimal text."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, int) and type(key) is not bool:
+        return str(int.__int__(key))
+    raise NotPlainData(f"a dict with a {type(key).__name__} key is not plain data")
+
+
+def to_plain(value: Any, _depth: int = 0) -> Any:
+    """``value`` as plain data (None, bool, int, float, str, lists, dicts with str keys).
+
+    Tuples become lists, integer dict keys their decimal text (as JSON writes them); numpy
+    and torch values become nested lists of numbers (NaN kept);
+    dataclasses of ``course_lib`` become dicts by field; subclasses of int, float and str
+    become the builtin value, so a rigged ``__eq__`` is gone. Anything else (a learner's
+    own class) raises :class:`NotPlainData`: only plain values are ever compared.
+    """
+    if _depth > 64:
+        raise NotPlainData("a value nested more than 64 levels deep is not plain data")
+    if value is None or type(value) is bool:
+        return value
+    for base in (int, float, str):
+        if isinstance(value, base):
+            return getattr(base, f"__{base.__name__}__")(value)  # the builtin's own copy
+    if type(value) in (list, tuple):
+        return [to_plain(item, _depth + 1) for item in value]
+    if type(value) is dict:
+        plain = {_plain_key(key): to_plain(item, _depth + 1) for key, item in value.items()}
+        if len(plain) != len(value):
+            raise NotPlainData("a dict with both 1 and '1' as keys is not plain data")
+        return plain
+    array = _plain_array(value)
+    if array is not None:
+        return to_plain(array, _depth + 1)
+    if is_dataclass(value) and type(value).__module__.startswith("course_lib."):
+        return {f.name: to_plain(getattr(value, f.name), _depth + 1) for f in fields(value)}
+    raise NotPlainData(f"a {type(value).__name__} is not plain data: return numbers, "
+                       "strings, lists, tuples, dicts or arrays")
+
+
 def _describe(value: Any) -> str:
     """A short, deterministic description of a value for the report."""
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _describe_error(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     """``raised TypeError: message`` plus the line of learner code that raised it."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
     return f"raised {type(error).__name__}: {error}{where}"
 
 
-def run_case(case: Case, obj: Any) -> CaseResult:
-    """Run one case; a learner's exception is evidence, never a crash."""
-    expected = case.expected
+def error_names(error: type[BaseException]) -> list[str]:
+    """``module.QualName`` of an error class and every base, the plain form of a raise."""
+    return [f"{cls.__module__}.{cls.__qualname__}" for cls in error.__mro__]
+
+
+def observe(case: Case, obj: Any) -> Observation:
+    """Run one case against the learner's ``obj`` and keep only plain data of what happened.
+
+    A learner's ``NotImplementedError`` (the unsolved stub) propagates; any other exception
+    is evidence.
+    """
     try:
         got = case.run(obj)
     except NotImplementedError:
         raise
     except Exception as error:  # the learner's code may raise anything
-        passed = isinstance(expected, Raises) and isinstance(error, expected.error)
-        return CaseResult(case.call, passed, _describe_error(error), _describe(expected), case.hint)
-    if isinstance(expected, Raises):
-        return CaseResult(case.call, False, _describe(got), _describe(expected), case.hint)
+        return {"raised": error_names(type(error)), "shown": describe_error(error)}
     try:
-        passed = bool(case.compare(got, expected))
-    except Exception as error:  # a comparison on a malformed result
-        passed, got = False, f"{got!r} ({_describe_error(error)})"
-    return CaseResult(case.call, passed, _describe(got), _describe(expected), case.hint)
+        return {"value": to_plain(got), "shown": _describe(got)}
+    except NotPlainData as error:
+        return {"not_plain": str(error), "shown": _describe(got)}
+
+
+def judge(case: Case, observation: Observation) -> CaseResult:
+    """Compare an observation with the case's expected value, computed in this process."""
+    expected, shown = case.expected, observation["shown"]
+    if "raised" in observation:
+        passed = isinstance(expected, Raises) and error_names(expected.error)[0] in (
+            observation["raised"])
+    elif "not_plain" in observation:
+        passed, shown = False, f"{shown} ({observation['not_plain']})"
+    elif isinstance(expected, Raises):
+        passed = False
+    else:
+        try:
+            want = expected if isinstance(expected, Satisfies) else to_plain(expected)
+            passed = bool(case.compare(observation["value"], want))
+        except Exception as error:  # a comparison on a malformed result
+            passed, shown = False, f"{shown} ({describe_error(error)})"
+    return CaseResult(case.call, passed, shown, _describe(expected), case.hint)
+
+
+def run_case(case: Case, obj: Any) -> CaseResult:
+    """Run one case; a learner's exception is evidence, never a crash."""
+    return judge(case, observe(case, obj))
 
 
 def evaluate(exercise: Exercise, obj: Any) -> CheckResult:

@@ -1,0 +1,116 @@
+"""What a class handed in: ``SUBMISSIONS/<learner>/NN_name.ipynb``, read once into memory.
+
+Every file a learner left is accounted for: one notebook per graded chapter is graded; a
+second one for the same chapter is a ``duplicate``; a notebook whose name has no graded
+chapter, or that sits in a sub-folder, is ``misnamed``. Folder and file names that are not
+valid UTF-8 are shown escaped. Contents are read before any learner code runs, so what is
+graded cannot be changed by another submission.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_NOTEBOOK_BYTES = 50 << 20
+_CHAPTER = re.compile(r"^(\d\d)_.*\.ipynb$")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One notebook handed in for a chapter: who, which file, and its bytes (or a problem)."""
+
+    learner: str
+    chapter: str
+    name: str
+    data: bytes
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class FileNote:
+    """A file that is not graded, with why: ``misnamed`` or ``duplicate``."""
+
+    learner: str
+    name: str
+    status: str
+    reason: str
+
+
+@dataclass
+class Inventory:
+    """The class: learners in order, the graded notebook per (learner, chapter), notes."""
+
+    learners: list[str] = field(default_factory=list)
+    graded: dict[tuple[str, str], Submission] = field(default_factory=dict)
+    notes: list[FileNote] = field(default_factory=list)
+
+
+def shown(name: str) -> str:
+    """A file-system name as text, invalid UTF-8 bytes escaped as ``\\xNN``."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def _notebooks(folder: Path) -> list[Path]:
+    """Every ``*.ipynb`` under ``folder``, hidden folders and checkpoints skipped, sorted."""
+    found = []
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(here) / f for f in files if f.endswith(".ipynb")]
+    return sorted(found, key=lambda p: os.fsencode(str(p)))
+
+
+def _read(path: Path) -> tuple[bytes, str]:
+    """The file's bytes, or a problem that makes it ``not a notebook``."""
+    if path.is_symlink() or not path.is_file():
+        return b"", "not a regular file"
+    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        return b"", f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+    try:
+        return path.read_bytes(), ""
+    except OSError as error:
+        return b"", f"unreadable ({error.strerror})"
+
+
+def find_submissions(folder: Path, chapters: tuple[str, ...]) -> Inventory:
+    """Read every learner's notebooks under ``folder`` (which must exist)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"submissions folder {str(folder)!r} does not exist")
+    inventory = Inventory()
+    for entry in sorted(folder.iterdir(), key=lambda p: os.fsencode(p.name)):
+        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
+            _learner(entry, shown(entry.name), chapters, inventory)
+        elif entry.name.endswith(".ipynb"):
+            inventory.notes.append(FileNote("", shown(entry.name), "misnamed",
+                                            f"{shown(entry.name)} is not in a learner's folder"))
+    return inventory
+
+
+def _learner(folder: Path, learner: str, chapters: tuple[str, ...],
+             inventory: Inventory) -> None:
+    """Add one learner's graded notebooks and notes to ``inventory``."""
+    inventory.learners.append(learner)
+    for path in _notebooks(folder):
+        name = shown(str(path.relative_to(folder)))
+        match = _CHAPTER.match(path.name)
+        if path.parent != folder:
+            reason = f"{name} is in a sub-folder: put it directly in the learner's folder"
+        elif not match:
+            reason = f"{name} does not start with a chapter number such as 01_"
+        elif match.group(1) not in chapters:
+            reason = f"{name}: chapter {match.group(1)} has no graded exercises"
+        elif (learner, match.group(1)) in inventory.graded:
+            first = inventory.graded[learner, match.group(1)].name
+            inventory.notes.append(FileNote(learner, name, "duplicate",
+                                            f"a second notebook for chapter {match.group(1)}; "
+                                            f"{first} is graded"))
+            continue
+        else:
+            data, problem = _read(path)
+            inventory.graded[learner, match.group(1)] = Submission(
+                learner, match.group(1), name, data, problem)
+            continue
+        inventory.notes.append(FileNote(learner, name, "misnamed", reason))
