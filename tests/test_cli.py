@@ -85,7 +85,12 @@ def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
      (["cow-demo", "--prompt-tokens", "1000000000000000000"], "--prompt-tokens"),
      (["cow-demo", "--new-tokens", "1e8"], "--new-tokens"),
      (["prefix-demo", "--prompt-tokens", "100000000"], "--prompt-tokens"),
-     (["prefix-demo", "--requests", "1e18"], "--requests")],
+     (["prefix-demo", "--requests", "1e18"], "--requests"),
+     (["grade", ".", "--timeout", "inf"], "--timeout"),
+     (["grade", ".", "--timeout", "nan"], "--timeout"),
+     (["grade", ".", "--jobs", "0"], "--jobs"),
+     (["grade", ".", "--memory-mb", "1"], "--memory-mb"),
+     (["grade", ".", "--chapters", "09"], "--chapters")],
 )
 def test_out_of_range_values_name_the_flag_typed(
         capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:
@@ -189,3 +194,9 @@ def test_notebook_tool_refuses_a_missing_notebook(
         notebooks.main(["execute", "notebooks/no_such_notebook.ipynb"])
     assert exit_info.value.code == 2
     assert "is not an existing .ipynb file" in capsys.readouterr().err
+
+
+def test_grade_refuses_a_missing_folder_before_any_work(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = refusal(capsys, "grade", str(tmp_path / "missing"), "--out", str(tmp_path / "g.csv"))
+    assert "does not exist" in err and not (tmp_path / "g.csv").exists()

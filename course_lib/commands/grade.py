@@ -7,6 +7,27 @@ import os
 import sys
 from pathlib import Path
 
+from course_lib.commands import integer, number
+
+MAX_TIMEOUT_S = 86_400.0
+"""Longest per-notebook time limit ``--timeout`` accepts: a day (inf would mean no limit)."""
+MAX_MEMORY_MB = 1 << 20
+"""Largest ``--memory-mb``: 1 TiB, more than any grading machine has."""
+MAX_JOBS = 256
+"""Most notebooks ``--jobs`` runs at once."""
+
+
+def chapter_list(text: str) -> tuple[str, ...]:
+    """A ``type=`` for ``--chapters``: comma-separated graded chapters such as ``01,02``."""
+    from course_lib.grading import GRADED_CHAPTERS
+
+    chapters = tuple(part.strip() for part in text.split(","))
+    unknown = [c for c in chapters if c not in GRADED_CHAPTERS]
+    if unknown or not chapters:
+        raise argparse.ArgumentTypeError(
+            f"must list chapters among {','.join(GRADED_CHAPTERS)}, got {text!r}")
+    return chapters
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``grade`` parser."""
@@ -20,13 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per learner")
     parser.add_argument("--out", type=Path, default=Path("grades.csv"),
                         help="CSV to write; the summary goes beside it as .txt")
-    parser.add_argument("--timeout", type=float, default=300.0,
+    parser.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, above=True), default=300.0,
                         help="seconds a notebook may run before its whole process tree is killed")
-    parser.add_argument("--memory-mb", type=int, default=4096,
+    parser.add_argument("--memory-mb", type=integer(256, MAX_MEMORY_MB), default=4096,
                         help="address-space limit of each notebook's kernel, in MB")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--jobs", type=integer(1, MAX_JOBS), default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: the CPU count)")
-    parser.add_argument("--chapters", default=None,
+    parser.add_argument("--chapters", type=chapter_list, default=None,
                         help="comma-separated chapters to grade, e.g. 01,02 (default: all)")
     parser.set_defaults(run=run)
 
@@ -40,8 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from course_lib.grading.grade import grade_folder
     from course_lib.grading.report import output_paths, summary, write_csv
 
+    if not args.submissions.is_dir():
+        raise ValueError(f"submissions folder {str(args.submissions)!r} does not exist")
     csv_path, summary_path = output_paths(args.out, args.submissions)
-    chapters = tuple(args.chapters.split(",")) if args.chapters else GRADED_CHAPTERS
+    chapters = args.chapters or GRADED_CHAPTERS
     limits = Limits(timeout=args.timeout, memory_mb=args.memory_mb)
     with tqdm(desc="grading", unit="notebook", file=sys.stderr) as bar:
 
