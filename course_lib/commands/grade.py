@@ -25,7 +25,7 @@ def chapter_list(text: str) -> tuple[str, ...]:
     unknown = [c for c in chapters if c not in GRADED_CHAPTERS]
     if unknown or not chapters:
         raise argparse.ArgumentTypeError(
-            f"must list chapters among {','.join(GRADED_CHAPTERS)}, got {text!r}")
+            f"must be comma-separated chapters among {','.join(GRADED_CHAPTERS)}, got {text!r}")
     return chapters
 
 
