@@ -103,20 +103,22 @@ def test_the_documented_command_grades_from_another_folder(tmp_path: Path) -> No
     subs = tmp_path / "class" / "SUBMISSIONS"
     for learner in ("solved", "unsolved"):
         (subs / learner).mkdir(parents=True)
-    for path in sorted((ROOT / "solutions").glob("0[1-57]_*.ipynb")):
+    for path in sorted((ROOT / "solutions").glob("0[1-7]_*.ipynb")):
         shutil.copy(path, subs / "solved" / path.name)
     shutil.copy(ROOT / "exercises" / "01_kv_cache_arithmetic.ipynb", subs / "unsolved")
     before = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Chapter 06's 2**32-offset case maps an 8 GiB cache (virtual, untouched): more address
+    # space than the default limit allows.
     done = subprocess.run(
         [sys.executable, "-m", "course_lib", "grade", "SUBMISSIONS/", "--out", "grades.csv",
-         "--jobs", "2", "--timeout", "240"],
+         "--jobs", "2", "--timeout", "240", "--memory-mb", "12288"],
         cwd=tmp_path / "class", env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "class" / "grades.csv").open()))
-    solved = {r["chapter"]: r["status"] for r in rows if r["learner"] == "solved"
-              and r["status"] != "passed"}
-    assert set(solved) == {"06"} and solved["06"] == "not submitted"
+    solved = [r for r in rows if r["learner"] == "solved"]
+    assert {r["chapter"] for r in solved} == set(GRADED_CHAPTERS)
+    assert [(r["exercise"], r["reason"]) for r in solved if r["status"] != "passed"] == []
     unsolved = [r for r in rows if r["learner"] == "unsolved"]
     assert len(unsolved) == sum(len(chapter_exercises(c)) for c in GRADED_CHAPTERS)
     assert {r["status"] for r in unsolved if r["chapter"] == "01"} == {"not solved"}

@@ -7,8 +7,11 @@ be switched on one at a time, and a second correct design that walks whole block
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,12 +23,22 @@ from hypothesis import strategies as st
 from course_lib.attention import paged_attention_decode
 from course_lib.grading import chapter_exercises, find_exercise
 from course_lib.grading.ch06 import split_bounds
-from course_lib.grading.check import CheckResult, evaluate
+from course_lib.grading.check import (
+    Case,
+    CaseResult,
+    CheckResult,
+    evaluate,
+    judge,
+    observe,
+)
+from course_lib.grading.source import graded_checks, parse_cells, uses_reference
 
 # isort: split
 # Triton after course_lib.attention, which switches the interpreter on when there is no GPU.
 import triton
 import triton.language as tl
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # --- kernels like the learner's: one correct design with switchable mistakes, and another -----
 
@@ -400,27 +413,65 @@ def test_split_bounds_cover_the_sequence_in_order(seq_len: int, num_splits: int)
         assert 0 <= hi - lo <= share and hi == next_lo
 
 
+def judged(case: Case, got: Any) -> CaseResult:
+    """The case run on a learner's function returning ``got``, judged as the grader does."""
+    return judge(case, observe(case, lambda *args: got))
+
+
 @settings(max_examples=50, deadline=None)
 @given(index=st.integers(0, 15), error=st.floats(2e-3, 1e6) | st.just(math.nan))
 def test_one_element_off_is_rejected_and_named(index: int, error: float) -> None:
     case = find_exercise("06.merge_splits").cases()[1]
-    got = case.expected.parts[0][1].clone()
+    got = case.expected.holds.parts[0][1].clone()
     got[index] += error
-    verdict = case.expected.verdict(got)
-    assert not case.compare(verdict, case.expected)
-    assert not case.compare(got.tolist(), case.expected)
-    assert f"1 of 16 elements wrong, first at [{index}]" in verdict
+    result = judged(case, got)
+    assert not result.passed
+    assert f"1 of 16 elements wrong, first at [{index}]" in result.got
 
 
 def test_the_comparison_takes_plain_lists_and_keeps_nan() -> None:
     case = find_exercise("06.merge_splits").cases()[1]
-    want = case.expected.parts[0][1]
-    assert case.compare(want.tolist(), case.expected)
-    assert case.compare(want, case.expected)
+    want = case.expected.holds.parts[0][1]
+    assert judged(case, want).passed and judged(case, want.tolist()).passed
     poisoned = want.tolist()
     poisoned[3] = math.nan
-    assert not case.compare(poisoned, case.expected)
-    assert not case.compare([[x] for x in want.tolist()], case.expected)
+    assert "1 NaN" in judged(case, poisoned).got
+    assert "expected shape (16,)" in judged(case, [[x] for x in want.tolist()]).got
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_the_learner_side_holds_no_expected_tensor(name: str) -> None:
+    """What runs with the learner's code is the case without its expectation: a blind case
+    still returns the learner's own result, and a right one passes once judged."""
+    for case in find_exercise(name).cases()[:2]:
+        blind = replace(case, expected=None, compare=None)
+        assert judge(case, observe(blind, CORRECT[name])).passed, case.call
+
+
+def test_a_faked_verdict_string_is_not_accepted() -> None:
+    for name in ("06.paged_decode", "06.merge_splits", "06.split_decode"):
+        case = find_exercise(name).cases()[0]
+        assert not judged(case, "a tensor of shape (1, 2, 16), every element within "
+                                "tolerance").passed
+
+
+@pytest.mark.parametrize("notebook, flagged", [("solutions", False), ("cheat", True)])
+def test_the_answer_key_flags_the_library_kernel_not_the_solution(notebook: str,
+                                                                  flagged: bool) -> None:
+    path = ROOT / "solutions" / "06_triton_paged_attention.ipynb"
+    sources = ["".join(c["source"]) if c["cell_type"] == "code" else ""
+               for c in json.loads(path.read_text())["cells"]]
+    if notebook == "cheat":
+        sources += ["from course_lib.attention import paged_attention_decode as paged_decode",
+                    'check("06.paged_decode", paged_decode)']
+    trees = parse_cells(sources)
+    exercises = {e.name: e for e in chapter_exercises("06")}
+    checks = graded_checks(trees, exercises)
+    assert set(checks) == set(exercises)
+    assert uses_reference(trees, checks["06.paged_decode"],
+                          find_exercise("06.paged_decode").reference) is flagged
+    for name in set(exercises) - {"06.paged_decode"}:
+        assert not uses_reference(trees, checks[name], exercises[name].reference), name
 
 
 @triton.jit

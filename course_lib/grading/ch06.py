@@ -7,13 +7,14 @@ a Triton kernel and its launcher, and the cases call the launcher on NaN-poisone
 shuffled tables, GQA groups of 1, 4 and 7, scores large enough to overflow ``exp`` without
 the running maximum, and a block id whose offset passes 2**32 elements.
 
-The learner's code is exercised only through what it returns and raises. A tensor result is
-turned, inside the case, into a plain verdict string (shape, worst element and where it is)
-that passes when it says every element is within tolerance: the report stays short and no
-learner object reaches the comparison. A Triton kernel that still holds its stub raises
-``NotImplementedError`` inside the kernel, where Triton wraps it (the interpreter in an
-``InterpreterError``, the GPU compiler in a ``CompilationError``); the cases unwrap it so the
-report says "not yet solved" rather than "failed".
+The learner's code is exercised only through what it returns and raises. A tensor case's
+``run`` returns the learner's tensor(s), which reach the judge as plain nested lists; the
+expected tensors live only in the case's ``Satisfies`` expectation (which the grader strips
+before the learner's code runs), and the judge's verdict (shape, how many elements are wrong,
+the first and the largest error, NaN and inf counts) goes into the report. A Triton kernel
+that still holds its stub raises ``NotImplementedError`` inside the kernel, where Triton wraps
+it (the interpreter in an ``InterpreterError``, the GPU compiler in a ``CompilationError``);
+the cases unwrap it so the report says "not yet solved" rather than "failed".
 """
 from __future__ import annotations
 
@@ -30,46 +31,76 @@ from course_lib.attention import (
     paged_attention_reference,
     reference_attention,
 )
-from course_lib.grading.check import Case, Exercise, Raises
+from course_lib.grading.check import Case, Exercise, Raises, Satisfies, satisfies
 from course_lib.paged import BlockPool, PagedKVManager
 
 # --- comparing tensors ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TensorExpectation:
-    """What an answer must be: named expected tensors, a tolerance and a description.
+class Mismatch(AssertionError):
+    """A result that is not the expected tensor(s); its message is the evidence for the report.
 
-    A case's ``run`` turns the learner's result into a plain verdict string with
-    :meth:`verdict` (shape, worst element and where it is, NaN count), so the report is short
-    and no learner object reaches the comparison; it passes when that string is
-    :meth:`ok_text`. ``compare`` also accepts the raw result (a tensor, a nested list, or a
-    tuple of them for several parts) and judges it the same way.
+    ``check.judge`` shows only what the learner's side described (a repr), so the judging side
+    raises this to add its verdict: shape, how many elements are wrong, the first one and the
+    largest error, NaN and inf counts.
+    """
+
+
+@dataclass(frozen=True)
+class TensorMatch:
+    """The ``holds`` of a tensor case: named expected tensors and a tolerance.
+
+    It lives only in the judging process: the learner's side returns its tensor(s), which reach
+    it as plain nested lists (a tuple of them for several parts). Called, it returns True when
+    every element is within tolerance and raises :class:`Mismatch` with the verdict otherwise.
     """
 
     parts: tuple[tuple[str, torch.Tensor], ...]
     atol: float
     rtol: float
-    description: str
 
-    def __repr__(self) -> str:
-        return self.description
-
-    def verdict(self, got: Any) -> str:
-        """One description per part, joined; equal to ``ok_text`` exactly when all are right."""
+    def verdict(self, got: Any) -> str | None:
+        """What is wrong with ``got``, part by part, or None when it is right."""
         if len(self.parts) == 1:
-            return _describe_tensor(got, self.parts[0][1], self.atol, self.rtol)
+            return _tensor_error(got, self.parts[0][1], self.atol, self.rtol)
         if not isinstance(got, tuple | list) or len(got) != len(self.parts):
             return (f"{type(got).__name__} {got!r:.80}, not a tuple of {len(self.parts)} "
                     f"({', '.join(name for name, _ in self.parts)})")
-        return "; ".join(f"{name}: {_describe_tensor(g, want, self.atol, self.rtol)}"
-                         for (name, want), g in zip(self.parts, got, strict=True))
+        errors = [(name, _tensor_error(g, want, self.atol, self.rtol))
+                  for (name, want), g in zip(self.parts, got, strict=True)]
+        wrong = [f"{name}: {error}" for name, error in errors if error is not None]
+        return "; ".join(wrong) if wrong else None
 
-    @property
-    def ok_text(self) -> str:
-        """The verdict of a right answer."""
-        return self.verdict(tuple(want for _, want in self.parts) if len(self.parts) > 1
-                            else self.parts[0][1])
+    def __call__(self, got: Any) -> bool:
+        if not isinstance(got, dict) or set(got) != {"value"}:
+            raise Mismatch(f"{got!r:.80}: not what a case's run returns")
+        error = self.verdict(got["value"])
+        if error is not None:
+            raise Mismatch(error)
+        return True
+
+
+@dataclass(frozen=True)
+class Returned:
+    """What the learner's code returned, as is; shown in the report by shape, not by value.
+
+    ``to_plain`` turns it into ``{"value": nested lists}`` for the judge.
+    """
+
+    value: Any
+
+    def __repr__(self) -> str:
+        return _shape_of(self.value)
+
+
+def _shape_of(value: Any) -> str:
+    """``float32 tensor (2, 16)``, a tuple of them, or a short repr of anything else."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')} tensor {tuple(value.shape)}"
+    if type(value) is tuple:
+        return f"({', '.join(_shape_of(item) for item in value)})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _as_float64(value: Any) -> torch.Tensor | None:
@@ -82,10 +113,10 @@ def _as_float64(value: Any) -> torch.Tensor | None:
         return None
 
 
-def _describe_tensor(got: Any, want: torch.Tensor, atol: float, rtol: float) -> str:
-    """The shape and, if wrong, how many elements, the first and the largest error."""
+def _tensor_error(got: Any, want: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """None if ``got`` matches ``want``; else its shape and the first and largest error."""
     got_t, want = _as_float64(got), want.to(torch.float64)
-    if got_t is None:
+    if got_t is None or isinstance(got, str):
         return f"{type(got).__name__} {got!r:.80}, not a tensor"
     shape = tuple(got_t.shape)
     if got_t.shape != want.shape:
@@ -93,7 +124,7 @@ def _describe_tensor(got: Any, want: torch.Tensor, atol: float, rtol: float) -> 
     # isclose treats equal infinities as close (an empty split's lse is -inf) and NaN as wrong.
     bad = ~torch.isclose(got_t, want, atol=atol, rtol=rtol)
     if not bad.any():
-        return f"a tensor of shape {shape}, every element within tolerance"
+        return None
     index = tuple(int(i) for i in bad.nonzero()[0])
     error = (got_t - want).abs()
     finite = bad & error.isfinite()
@@ -105,24 +136,20 @@ def _describe_tensor(got: Any, want: torch.Tensor, atol: float, rtol: float) -> 
             + (f"; {int(got_t.isinf().sum())} inf" if got_t.isinf().any() else ""))
 
 
-def _judge(got: Any, expected: TensorExpectation) -> bool:
-    """``compare``: the verdict string from ``run``, or a raw tensor / nested list result."""
-    verdict = got if isinstance(got, str) else expected.verdict(got)
-    return verdict == expected.ok_text
-
-
 def _tensor_case(call: str, run: Callable[[Any], Any], wants: dict[str, torch.Tensor],
                  hint: str, atol: float, rtol: float, what: str) -> Case:
-    """A case whose answer is one tensor (or a tuple, one per entry of ``wants``)."""
+    """A case whose answer is one tensor (or a tuple, one per entry of ``wants``).
+
+    ``run`` returns the learner's tensor(s) as they are; only the expectation holds the
+    expected tensors, and the grader strips it before the learner's code runs.
+    """
     parts = tuple((name, want.detach().cpu()) for name, want in wants.items())
     shapes = ", ".join(f"{name} {tuple(want.shape)}" for name, want in parts)
-    expected = TensorExpectation(
-        parts, atol, rtol,
+    description = (
         (f"a tensor of shape {tuple(parts[0][1].shape)}" if len(parts) == 1 else shapes)
-        + f" equal to {what}" + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"),
-    )
-    return Case(call, lambda fn: expected.verdict(_unwrap_stub(run, fn)), expected, hint,
-                compare=_judge)
+        + f" equal to {what}" + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"))
+    return Case(call, lambda fn: Returned(_unwrap_stub(run, fn)),
+                Satisfies(description, TensorMatch(parts, atol, rtol)), hint, compare=satisfies)
 
 
 def _unwrap_stub(run: Callable[[Any], Any], fn: Any) -> Any:
@@ -153,14 +180,16 @@ def _pool_with_sequences(
     """A pool owning K/V, with sequences of ``lengths`` whose block tables are shuffled.
 
     Every block is first filled with stale values by a throwaway sequence and freed in a
-    random order, so the free queue is a permutation; then the sequences grow one token at a
-    time in turn, as in a server, so their tables interleave. A correct reader never sees
-    the stale values (in unused blocks and in the unused slots of each last block).
+    seeded random order; freed blocks join the back of the queue (``free_order="fifo"``), so
+    the queue is exactly that permutation, whatever the pool's default free order. Then the
+    sequences grow one token at a time in turn, as in a server, so their tables interleave. A
+    correct reader never sees the stale values (in unused blocks and in the unused slots of
+    each last block).
     """
     gen = torch.Generator().manual_seed(seed)
     blocks = sum(-(-n // block_size) for n in lengths) + 4
     pool = BlockPool(blocks, block_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     dtype=dtype)
+                     dtype=dtype, free_order="fifo")
     manager = PagedKVManager(pool)
 
     def fill(name: str) -> None:
@@ -516,11 +545,22 @@ def _split_cases() -> list[Case]:
         "paged_attention_reference and each split's reference"))
     return cases
 
+
+_KERNELS = ("course_lib.attention.paged_attention_decode", "course_lib.attention.paged_decode",
+            "course_lib.attention.triton_kernels")
+"""The course's own decode kernels, their launcher and its split-KV merge."""
+_REFERENCES = ("course_lib.attention.paged_attention_reference",
+               "course_lib.attention.gather_paged_kv", "course_lib.attention.reference_attention",
+               "course_lib.attention.reference")
+"""The torch references: paged attention in fp32, and gathering a table's K/V."""
+
 EXERCISES = (
-    Exercise("06.token_offset", "Where token t's key lives", _token_offset_cases),
+    Exercise("06.token_offset", "Where token t's key lives", _token_offset_cases,
+             reference=("course_lib.paged.PagedKVManager.slot_mapping",)),
     Exercise("06.paged_decode", "The paged decode attention kernel, from its specification",
-             _decode_cases),
-    Exercise("06.merge_splits", "Merge split-KV partial results by log-sum-exp", _merge_cases),
+             _decode_cases, reference=_KERNELS + _REFERENCES),
+    Exercise("06.merge_splits", "Merge split-KV partial results by log-sum-exp", _merge_cases,
+             reference=_KERNELS),
     Exercise("06.split_decode", "Split-KV decode: partial kernel, log-sum-exp and merge",
-             _split_cases),
+             _split_cases, reference=_KERNELS + _REFERENCES),
 )
