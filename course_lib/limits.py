@@ -49,3 +49,8 @@ MAX_TRACE_FILE_BYTES = 2**26
 
 MAX_INT = 2**63 - 1
 """Largest seed, priority level count or scheduler limit: what numpy's int64 holds."""
+
+GRADER_MEMORY_MB = 12_288
+"""Default address-space limit of a graded notebook's kernel (``grade --memory-mb``). Address
+space, not resident memory: chapter 06's 64-bit-addressing case maps an 8 GiB K/V cache it
+never touches, which costs address space but no memory."""

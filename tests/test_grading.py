@@ -112,7 +112,7 @@ def test_the_documented_command_grades_from_another_folder(tmp_path: Path) -> No
     # space than the default limit allows.
     done = subprocess.run(
         [sys.executable, "-m", "course_lib", "grade", "SUBMISSIONS/", "--out", "grades.csv",
-         "--jobs", "2", "--timeout", "240", "--memory-mb", "12288"],
+         "--jobs", "2", "--timeout", "240"],
         cwd=tmp_path / "class", env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "class" / "grades.csv").open()))

@@ -382,7 +382,7 @@ class SlotListTables:
         return [s // self.pool.block_size for s in self.slots[seq_id][::self.pool.block_size]]
 
     def free_sequence(self, seq_id: str) -> None:
-        for block in self.block_table(seq_id):
+        for block in reversed(self.block_table(seq_id)):
             self.pool.free(block)
         del self.slots[seq_id]
 
@@ -702,7 +702,7 @@ class TablesWith:
         if seq_id not in self.seqs:
             raise ValueError(seq_id)
         table, _ = self.seqs.pop(seq_id)
-        for block in table:
+        for block in table if self.MISTAKE == "frees_head_first" else reversed(table):
             self.pool.free(block)
         if self.MISTAKE == "keeps_record":
             self.freed[seq_id] = table
@@ -757,6 +757,7 @@ MISTAKES += [
     ("03.block_tables", tables_with("slot_ignores_table"), "two sequences interleave"),
     ("03.block_tables", tables_with("floor"), "raised IndexError"),
     ("03.block_tables", tables_with("keeps_record"), "its id may start again"),
+    ("03.block_tables", tables_with("frees_head_first"), "its id may start again"),
     ("03.cost_per_million", cost_with("no_idle"), "an idle step costs time too"),
     ("03.cost_per_million", cost_with("no_kv"), "one step of 60 requests"),
     ("03.cost_per_million", cost_with("prefill_as_output"), "a prefill step, then decode"),

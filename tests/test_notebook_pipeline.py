@@ -99,3 +99,17 @@ def test_readme_map_links_every_notebook_and_nothing_missing() -> None:
     colab = r"colab\.research\.google\.com/github/[^/]+/[^/]+/blob/main/([^)]+)"
     for link in re.findall(colab, readme):
         assert (ROOT / link).exists(), link
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("*.ipynb")),
+                         ids=lambda p: p.name)
+def test_solutions_store_every_check_passed(path: Path) -> None:
+    """nbval reproduces stored outputs, a stored failure included: a solution notebook must
+    store each of its chapter's checks, and every one passed."""
+    nb = nbformat.read(path, as_version=4)
+    stored = {payload["exercise"]: payload["status"]
+              for cell in nb.cells if cell.cell_type == "code"
+              for output in cell.get("outputs", [])
+              for payload in [output.get("data", {}).get(CHECK_MIME)] if payload}
+    expected = {e.name for e in chapter_exercises(path.name[:2])}
+    assert stored == dict.fromkeys(expected, "passed")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from course_lib.commands import integer, number
+from course_lib.limits import GRADER_MEMORY_MB
 
 MAX_TIMEOUT_S = 86_400.0
 """Longest per-notebook time limit ``--timeout`` accepts: a day (inf would mean no limit)."""
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="CSV to write; the summary goes beside it as .txt")
     parser.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, above=True), default=300.0,
                         help="seconds a notebook may run before its whole process tree is killed")
-    parser.add_argument("--memory-mb", type=integer(256, MAX_MEMORY_MB), default=4096,
+    parser.add_argument("--memory-mb", type=integer(256, MAX_MEMORY_MB),
+                        default=GRADER_MEMORY_MB,
                         help="address-space limit of each notebook's kernel, in MB")
     parser.add_argument("--jobs", type=integer(1, MAX_JOBS), default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: the CPU count)")

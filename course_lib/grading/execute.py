@@ -35,6 +35,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_lib.grading import GRADING_ENV
 from course_lib.grading.source import GradedCheck
+from course_lib.limits import GRADER_MEMORY_MB
 
 MARK = "COURSE_GRADE_MARK"
 """Environment variable every process of one notebook inherits: the process-tree kill's tag."""
@@ -48,7 +49,7 @@ class Limits:
     """Per-notebook limits: seconds of wall clock, address space, learner output, harvest."""
 
     timeout: float = 300.0
-    memory_mb: int = 4096
+    memory_mb: int = GRADER_MEMORY_MB
     output_mb: int = 16
     harvest_mb: int = 64
     startup: float = 120.0
