@@ -23,7 +23,7 @@ from course_lib.grading.check import CheckResult, evaluate
 from course_lib.grading.execute import Limits
 from course_lib.grading.grade import grade_folder
 from course_lib.kv_math import blocks_needed
-from course_lib.paged import OutOfBlocks
+from course_lib.paged import BlockPool, OutOfBlocks
 from course_lib.slab import SlabAllocator
 from course_lib.viz.arena_view import ArenaFrame, Reservation, arena_stats
 
@@ -639,8 +639,13 @@ def pool_with(mistake: str) -> type:
     return type(f"Pool_{mistake}", (PoolWith,), {"MISTAKE": mistake})
 
 
-class FifoPool(LowestFirstPool):
-    """The lecture's free queue, transcribed: correct checks, but not lowest first."""
+class QueuePool(LowestFirstPool):
+    """The lecture's free queue (a freed block goes to the front), transcribed: correct
+    checks, but not lowest first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.pool = BlockPool(num_blocks, 1)
 
     def allocate(self) -> int:
         return self.pool.allocate()
@@ -747,7 +752,7 @@ MISTAKES += [
     ("03.u_paged", batch_u_with("floor"), "lengths=[900]"),
     ("03.u_paged", batch_u_with("empty_takes_block"), "lengths=[900, 0, 16]"),
     ("03.u_paged", batch_u_with("no_negative"), "lengths=[10, -1]"),
-    ("03.block_pool", FifoPool, "free(5); free(2); allocate()"),
+    ("03.block_pool", QueuePool, "free(2); free(5); allocate()"),
     ("03.block_pool", pool_with("hands_out_null"), "null block"),
     ("03.block_pool", pool_with("counts_null"), "num_free counts"),
     ("03.block_pool", pool_with("range_check_only"), "a double free"),
