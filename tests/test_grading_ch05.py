@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from course_lib.grading import chapter_exercises, find_exercise
 from course_lib.grading.ch05 import (
     _plain,
-    _strict_equal,
     admitted_count,
     plan_preemptions,
     priority_victim,
@@ -23,7 +22,7 @@ from course_lib.grading.ch05 import (
     resume_seconds,
 )
 from course_lib.grading.ch05_step import SCHEDULER_STEP
-from course_lib.grading.check import CheckResult, evaluate
+from course_lib.grading.check import CheckResult, evaluate, strict_equal
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace
 from course_lib.workload import Request
 
@@ -102,11 +101,11 @@ def test_a_plan_leaves_every_survivor_room_and_preempts_no_more_than_needed(
 
 
 def test_plain_data_is_compared_strictly() -> None:
-    assert _strict_equal(_plain([True, 4]), [True, 4])
-    assert not _strict_equal(_plain([1, 4]), [True, 4])
-    assert not _strict_equal(_plain(2.0), 2)
-    assert _strict_equal(_plain((0.1 + 0.2, 1.0)), (0.3, 1.0))
-    assert not _strict_equal(_plain(Request(2, 1, 1)), 2)
+    assert strict_equal(_plain([True, 4]), [True, 4])
+    assert not strict_equal(_plain([1, 4]), [True, 4])
+    assert not strict_equal(_plain(2.0), 2)
+    assert strict_equal(_plain((0.1 + 0.2, 1.0)), (0.3, 1.0))
+    assert not strict_equal(_plain(Request(2, 1, 1)), 2)
     assert "Request" in _plain(Request(2, 1, 1))
 
 

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise
+from course_lib.grading.check import Case, Exercise, strict_equal
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
@@ -38,19 +38,6 @@ from course_lib.sharing import cow_demo, system_prompt_sharing
 Op = tuple[Any, ...]
 """``("add", seq, tokens)``, ``("fork", parent, child)``, ``("append", seq, tokens)`` or
 ``("free", seq)``; appends go one token at a time, as decoding does."""
-
-
-def strict_equal(got: Any, expected: Any) -> bool:
-    """Equal plain data of the same types all the way down (lists, tuples, dicts, scalars)."""
-    if type(got) is not type(expected):
-        return False
-    if isinstance(expected, list | tuple):
-        return len(got) == len(expected) and all(map(strict_equal, got, expected))
-    if isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(
-            strict_equal(got[key], value) for key, value in expected.items()
-        )
-    return bool(got == expected)
 
 
 def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str) -> Case:

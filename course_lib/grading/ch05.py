@@ -16,13 +16,12 @@ returned instead of its id is reported, not accepted.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from course_lib.grading.ch05_step import SCHEDULER_STEP
-from course_lib.grading.check import Case, Exercise, Raises
+from course_lib.grading.check import Case, Exercise, Raises, strict_equal
 from course_lib.kv_math import MODELS, blocks_needed
 from course_lib.scheduler import (
     POLICIES,
@@ -53,21 +52,9 @@ def _plain(value: Any) -> Any:
         text if len(text) <= 60 else text[:57] + "...")
 
 
-def _strict_equal(got: Any, expected: Any) -> bool:
-    """Equality of plain data that also requires the same types (a float within rounding)."""
-    if type(got) is not type(expected):
-        return False
-    if isinstance(expected, float):
-        return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(expected, list | tuple):
-        return len(got) == len(expected) and all(
-            _strict_equal(g, e) for g, e in zip(got, expected, strict=True))
-    return bool(got == expected)
-
-
 def _case(call: str, run: Any, expected: Any, hint: str) -> Case:
     """A case whose result is made plain and compared strictly."""
-    return Case(call, lambda obj: _plain(run(obj)), expected, hint, _strict_equal)
+    return Case(call, lambda obj: _plain(run(obj)), expected, hint, strict_equal)
 
 
 def _show(request: Request) -> str:

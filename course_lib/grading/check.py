@@ -68,6 +68,21 @@ def approx_equal(got: Any, expected: Any, rel: float = 1e-9, abs_: float = 1e-12
     return bool(got == expected)
 
 
+def strict_equal(got: Any, expected: Any) -> bool:
+    """Equal plain data of the same types all the way down: ``True`` is not ``1`` and ``7.0``
+    is not ``7``; floats may differ by rounding, as in :func:`approx_equal`."""
+    if type(got) is not type(expected):
+        return False
+    if isinstance(expected, float):
+        return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(expected, list | tuple):
+        return len(got) == len(expected) and all(map(strict_equal, got, expected))
+    if isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(
+            strict_equal(got[key], value) for key, value in expected.items())
+    return bool(got == expected)
+
+
 @dataclass(frozen=True)
 class Case:
     """One behavioural test: ``run(obj)`` calls the learner's code as ``call`` describes."""
