@@ -71,9 +71,14 @@ class ReferenceQueue:
                 self.block_of[block_hash] = block
             self.holders[block] -= 1
             if self.holders[block] == 0:
-                self.queue[block] = None
-                if block not in self.hash_of:
-                    self.queue.move_to_end(block, last=False)
+                self.requeue(block)
+
+    def requeue(self, block: int) -> None:
+        """A block nobody holds rejoins the queue: at the front without a hash, at the back
+        (evicted last) with one."""
+        self.queue[block] = None
+        if block not in self.hash_of:
+            self.queue.move_to_end(block, last=False)
 
     def lookup(self, block_hash: Any) -> int | None:
         """The block that carries ``block_hash``, or None."""
@@ -368,14 +373,8 @@ def append_copying_when_alone_too(pool: BlockPool, table: list[int], length: int
 class TailAppendedAtTheBack(ReferenceQueue):
     """vLLM's order before PR 42656: every freed block joins the back."""
 
-    def free(self, blocks: list[int], hashes: list[Any]) -> None:
-        for block, block_hash in reversed(list(zip(blocks, hashes, strict=True))):
-            if block_hash is not None:
-                self.hash_of[block] = block_hash
-                self.block_of[block_hash] = block
-            self.holders[block] -= 1
-            if self.holders[block] == 0:
-                self.queue[block] = None
+    def requeue(self, block: int) -> None:
+        self.queue[block] = None
 
 
 class HeadFreedBeforeTail(ReferenceQueue):
@@ -387,15 +386,9 @@ class HeadFreedBeforeTail(ReferenceQueue):
 class MostRecentlyFreedEvictedFirst(ReferenceQueue):
     """LRU reversed: a cached block freed just now is the first to go."""
 
-    def free(self, blocks: list[int], hashes: list[Any]) -> None:
-        for block, block_hash in reversed(list(zip(blocks, hashes, strict=True))):
-            if block_hash is not None:
-                self.hash_of[block] = block_hash
-                self.block_of[block_hash] = block
-            self.holders[block] -= 1
-            if self.holders[block] == 0:
-                self.queue[block] = None
-                self.queue.move_to_end(block, last=False)
+    def requeue(self, block: int) -> None:
+        self.queue[block] = None
+        self.queue.move_to_end(block, last=False)
 
 
 class EvictedHashKept(ReferenceQueue):
