@@ -372,6 +372,10 @@ class PagedKVManager:
         for block_id in reversed(seq.table):
             self.pool.free(block_id)
 
+    def holds(self, seq_id: str) -> bool:
+        """Whether ``seq_id`` is a live sequence here."""
+        return seq_id in self._seqs
+
     def block_table(self, seq_id: str) -> tuple[int, ...]:
         """Physical block of each logical block of ``seq_id``."""
         return tuple(self._get(seq_id).table)

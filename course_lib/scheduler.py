@@ -5,10 +5,11 @@ the paged pool runs out, preempt the newest running request and recompute it lat
 Chapter 05 grows it into vLLM's: continuous batching under ``max_num_seqs`` and
 ``max_num_batched_tokens``, a priority policy, and swap as the other way back.
 
-The scheduler keeps order, never memory: the step loops in ``course_lib.simulator`` and
-in the engine's ``ServingCore`` ask it which request to admit next and which one to
-preempt (both through ``preempt_until``), and own the allocator themselves. Requests come
-in a trace given up front (the simulator) or one at a time (``add``, the online engine).
+The scheduler keeps order, never memory: the serving core's step
+(``course_lib.serving.ServingCore``, which both the simulator and the engine drive) asks it
+which request to admit next, which one to preempt (``preempt_until``) and in which order
+running requests claim memory, and owns the allocator itself. Requests come in a trace given
+up front or one at a time (``add``).
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ class Scheduler:
         self._fifo: deque[int] = deque()
         self._heap: list[tuple[int, int, int]] = []
         self._victims: list[tuple[int, int, int]] = []
+        self._admissions = 0
+        self._rank: dict[int, int] = {}  # admission number of each running request
         self.running: dict[int, None] = {}
 
     # --- waiting ---------------------------------------------------------------------------
@@ -235,6 +238,8 @@ class Scheduler:
             index = self._fifo.popleft()
         self._waiting.remove(index)
         self.running[index] = None
+        self._admissions += 1
+        self._rank[index] = self._admissions
         return index
 
     # --- running ---------------------------------------------------------------------------
@@ -246,6 +251,19 @@ class Scheduler:
         if self.config.policy == "fcfs":
             return list(self.running)
         return sorted(self.running, key=self._keys.__getitem__)
+
+    def claim_key(self, index: int) -> tuple[int, ...]:
+        """Where running request ``index`` stands in ``claim_order`` (smaller claims first)."""
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
+        return (self._rank[index],) if self.config.policy == "fcfs" else self._keys[index]
+
+    def admission_rank(self, index: int) -> int:
+        """How many admissions there had been when running request ``index`` was admitted:
+        the running set's order."""
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
+        return self._rank[index]
 
     def victim(self) -> int:
         """The running request to preempt: the newest under ``"fcfs"``; under
@@ -283,6 +301,7 @@ class Scheduler:
         if index not in self.running:
             raise ValueError(f"request {index!r} is not running")
         del self.running[index]
+        del self._rank[index]
 
     def _check_can_wait(self, index: int) -> None:
         """Raise unless ``index`` names a request of the trace that neither waits nor runs."""

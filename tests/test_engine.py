@@ -325,10 +325,11 @@ def test_bad_engine_use(model) -> None:
     unchunked = PagedEngine(model, num_blocks=16, block_size=4, decode_attention="torch",
                             scheduler=SchedulerConfig(max_num_batched_tokens=8),
                             chunked_prefill=False)
+    unchunked.submit([[1, 2, 3, 4, 5]], GREEDY)  # 5 + 4 tokens: the last never gets K/V
     with pytest.raises(ValueError, match="prefill up to 9 tokens"):
-        unchunked.submit([[1, 2], [1, 2, 3, 4, 5]], GREEDY)
-    assert unchunked.done  # the whole batch was refused
-    engine.submit([[1, 2, 3, 4, 5]], GREEDY)  # chunked: fine
+        unchunked.submit([[1, 2], [1, 2, 3, 4, 5, 6]], GREEDY)
+    assert unchunked.unfinished == (0,)  # the whole batch was refused
+    engine.submit([[1, 2, 3, 4, 5, 6]], GREEDY)  # chunked: fine
     with pytest.raises(ValueError, match="have not finished"):
         engine.outputs()
     with pytest.raises(ValueError, match="either to every GenerationRequest or once"):

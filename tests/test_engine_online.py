@@ -26,7 +26,7 @@ from course_lib.engine import (
     random_model,
     tiny_config,
 )
-from course_lib.engine.core import ServingCore
+from course_lib.serving import ServingCore
 from course_lib.engine.requests import prepare_request
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig

@@ -40,7 +40,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.engine.core import ServingCore
+from course_lib.serving import ServingCore
 from course_lib.engine.requests import PreparedRequest, Sample
 from course_lib.engine.sampling import SamplingParams
 from course_lib.paged import BlockPool, FreeOrder

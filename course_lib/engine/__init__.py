@@ -9,7 +9,7 @@ ordinary generation, the baseline the engine's outputs must equal.
 """
 
 from course_lib.engine.contiguous import generate
-from course_lib.engine.core import Chunk, Schedule, ServingCore
+from course_lib.serving import Chunk, Schedule, ServingCore
 from course_lib.engine.engine import EngineStats, PagedEngine, RequestUpdate, StepReport
 from course_lib.engine.loading import config_from_hf, from_hf, load_pretrained
 from course_lib.engine.model import (

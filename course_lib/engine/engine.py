@@ -5,7 +5,7 @@ between the steps of a running batch), :meth:`~PagedEngine.abort`, and
 :meth:`~PagedEngine.stream`, which yields each request's new tokens as they are produced.
 One :meth:`PagedEngine.step` is one iteration of continuous batching:
 
-1. **schedule**: :class:`~course_lib.engine.core.ServingCore` (the half that never runs a
+1. **schedule**: :class:`~course_lib.serving.ServingCore` (the half that never runs a
    model) hands out the step's token budget as chunks, one token per decoding sample or
    the next chunk of a prompt (chunked prefill), claims their slots in the block tables,
    preempts while the pool lacks blocks, and admits waiting requests, taking a prompt's
@@ -35,7 +35,7 @@ import torch
 
 from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
-from course_lib.engine.core import Chunk, Schedule, ServingCore
+from course_lib.serving import Chunk, Schedule, ServingCore
 from course_lib.engine.model import LlamaModel
 from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
 from course_lib.engine.requests import (

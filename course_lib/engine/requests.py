@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from course_lib.engine.model import ModelConfig
 from course_lib.engine.sampling import SamplingParams, sample_token
-
-FinishReason = Literal["length", "stop", "abort"]
+from course_lib.serving import FinishReason, Sample, ServingRequest
 
 
 @dataclass(frozen=True)
@@ -53,41 +52,11 @@ class RequestOutput:
 
 
 @dataclass
-class Sample:
-    """One sample while it generates: prompt plus generated tokens, its generator, why it
-    stopped (None while it runs), and, in the paged engine, how many of its tokens have
-    K/V in the pool (``computed``) and whether it is decoding (its tokens were all
-    computed once since it was last admitted)."""
+class PreparedRequest(ServingRequest):
+    """A checked request with token ids, one :class:`Sample` per parallel sample and its
+    sampling parameters: the serving core's request plus what the engine samples with."""
 
-    seq_id: str
-    tokens: list[int]
-    generator: torch.Generator | None
-    finish_reason: FinishReason | None = None
-    computed: int = 0
-    decoding: bool = False
-
-
-@dataclass
-class PreparedRequest:
-    """A checked request with token ids, one :class:`Sample` per parallel sample, and how
-    often the paged engine has preempted it."""
-
-    request_id: int
-    prompt: tuple[int, ...]
-    params: SamplingParams
-    priority: int
-    samples: list[Sample]
-    preemptions: int = 0
-
-    @property
-    def active(self) -> list[Sample]:
-        """Samples still generating."""
-        return [s for s in self.samples if s.finish_reason is None]
-
-    @property
-    def fresh(self) -> bool:
-        """Whether no token has been generated yet (the prompt still awaits its prefill)."""
-        return all(len(s.tokens) == len(self.prompt) for s in self.samples)
+    params: SamplingParams = field(kw_only=True)
 
     def add_token(self, sample: Sample, logits: torch.Tensor,
                   eos_token_ids: Sequence[int]) -> None:
@@ -96,13 +65,10 @@ class PreparedRequest:
         self.append_token(sample, sample_token(logits, self.params, sample.generator),
                           eos_token_ids)
 
-    def append_token(self, sample: Sample, token: int, eos_token_ids: Sequence[int]) -> None:
-        """Append a chosen ``token`` to ``sample`` and decide whether it is done."""
-        sample.tokens.append(token)
-        if token in eos_token_ids and not self.params.ignore_eos:
-            sample.finish_reason = "stop"
-        elif len(sample.tokens) - len(self.prompt) >= self.params.max_tokens:
-            sample.finish_reason = "length"
+    def append_token(self, sample: Sample, token: int, stop_token_ids: Sequence[int]) -> None:
+        """Append a chosen ``token`` to ``sample`` and decide whether it is done (an
+        end-of-sequence token unless ``ignore_eos``, or ``max_tokens`` generated)."""
+        super().append_token(sample, token, () if self.params.ignore_eos else stop_token_ids)
 
     def output(self, tokenizer: Any | None) -> RequestOutput:
         """The finished request's :class:`RequestOutput`."""
@@ -155,7 +121,7 @@ def prepare_request(index: int, item: GenerationRequest | str | Sequence[int],
     label = f"r{index}" if p.n == 1 else None
     samples = [Sample(label or f"r{index}.{k}", list(prompt), p.generator(k))
                for k in range(p.n)]
-    return PreparedRequest(index, prompt, p, request.priority, samples)
+    return PreparedRequest(index, prompt, p.max_tokens, request.priority, samples, params=p)
 def prepare_requests(
     requests: Sequence[GenerationRequest | str | Sequence[int]],
     params: SamplingParams | None,

@@ -266,4 +266,4 @@ def _cases() -> list[Case]:
 
 SCHEDULER_STEP = Exercise("05.scheduler_step", "One scheduler step of continuous batching",
                           _cases, reference=("course_lib.simulator", "course_lib.scheduler",
-                                             "course_lib.engine.core.ServingCore"))
+                                             "course_lib.serving.ServingCore"))

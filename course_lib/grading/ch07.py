@@ -292,5 +292,5 @@ EXERCISES = (
     Exercise("07.engine_step", "One engine step from a specification: decode, preempt, "
              "admit, sample, free", _step_cases,
              reference=("course_lib.engine.PagedEngine", "course_lib.engine.generate",
-                        "course_lib.engine.core.ServingCore")),
+                        "course_lib.serving.ServingCore")),
 )

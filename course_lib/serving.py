@@ -1,0 +1,675 @@
+"""The serving core: who runs, who is admitted, who is preempted, and how many tokens each
+request computes in a step, over a paged KV-cache manager. It never runs a model.
+
+vLLM v1 splits its engine the same way: a scheduler and a KV-cache manager that do not care
+whether a model runs, and a model runner. :class:`ServingCore` is the first half, and both
+the engine (chapter 07, ``course_lib.engine``) and the simulator (chapters 02-05,
+``course_lib.simulator``) drive it. Each step :meth:`~ServingCore.schedule` hands out the
+step's token budget as *chunks* (a sequence's next tokens: one for a decode, part or all of
+a prompt for a prefill), claiming their slots in the block tables and preempting when the
+pool runs out; the caller computes the chunks (or not: a pool without K/V tensors works
+too), then :meth:`~ServingCore.advance` records them and asks the caller to ``draw`` the
+next token of every sample whose tokens are all computed, and :meth:`~ServingCore.retire`
+frees the finished ones.
+
+Scheduling: every decoding sample decodes one token (decodes first, as vLLM schedules them
+under chunked prefill); running requests that need memory claim it most protected first
+(``Scheduler.claim_order``): a decode whose token starts a new block (or writes into a
+block it shares after a fork), or the next chunk of a prompt from the budget the decodes
+left. Before a request claims anything the core checks that its blocks are free, preempting
+the scheduler's victims (``Scheduler.preempt_until``) while they are not; a victim always
+stands later in the claim order, so nobody is preempted after claiming in the same step.
+Then, unless someone was preempted, waiting requests are admitted while the limits, the
+budget and the free blocks allow; with prefix caching, a prompt's cached full blocks are
+taken as they are and only the rest is computed (at least the last token). With
+``preemption="swap"`` a victim's blocks go to CPU swap space when it has room, and it comes
+back with its K/V instead of recomputing them (for pools without K/V: the engine copies
+none, like vLLM v1, which dropped swapping).
+
+``lazy=True`` is the simulator's mode. A decode that needs no new block changes nothing in
+the pool, so the core does not touch it: it keeps, per decoding sample, the step at which
+its ``computed`` and ``tokens`` were last exact, and catches them (and the manager's block
+table, which hashes the blocks that filled) up only when something happens to the sample:
+it claims a block, is preempted, or reaches ``max_tokens``. A step then costs work only for
+its events, which is how 3,000 chats of a million decode tokens run in about a second. In
+lazy mode a sample's new tokens are its positions (the caller draws nothing), and only the
+chunks that claimed memory are listed; the eager mode (the engine's) lists every chunk and
+calls ``draw`` for every token.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable, MutableSequence, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from course_lib.paged import BlockPool, PagedKVManager
+from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
+from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
+from course_lib.validate import check_int
+from course_lib.workload import Request
+
+FinishReason = Literal["length", "stop", "abort"]
+
+
+@dataclass
+class Sample:
+    """One sample while it generates: prompt plus generated tokens, its random generator
+    (the engine's; None when greedy or simulated), why it stopped (None while it runs), how
+    many of its tokens have K/V in the pool (``computed``) and whether it is decoding (its
+    tokens were all computed once since it was last admitted)."""
+
+    seq_id: str
+    tokens: MutableSequence[int]
+    generator: Any = None
+    finish_reason: FinishReason | None = None
+    computed: int = 0
+    decoding: bool = False
+
+
+@dataclass
+class ServingRequest:
+    """A request as the core schedules it: its prompt, how many tokens each sample may
+    generate, its samples, its priority (smaller is more important), the prefix cache's
+    salt (only requests with the same salt share blocks), how often it was preempted, and
+    whether its blocks wait in swap space."""
+
+    request_id: int
+    prompt: Sequence[int]
+    max_tokens: int
+    priority: int
+    samples: list[Sample]
+    cache_salt: str | None = None
+    preemptions: int = 0
+    swapped: bool = False
+
+    @property
+    def active(self) -> list[Sample]:
+        """Samples still generating."""
+        return [s for s in self.samples if s.finish_reason is None]
+
+    @property
+    def fresh(self) -> bool:
+        """Whether no token has been generated yet (the prompt still awaits its prefill)."""
+        return all(len(s.tokens) == len(self.prompt) for s in self.samples)
+
+    def append_token(self, sample: Sample, token: int, stop_token_ids: Sequence[int]) -> None:
+        """Append a chosen ``token`` to ``sample`` and decide whether it is done (a stop
+        token, or ``max_tokens`` generated)."""
+        sample.tokens.append(token)
+        if token in stop_token_ids:
+            sample.finish_reason = "stop"
+        elif len(sample.tokens) - len(self.prompt) >= self.max_tokens:
+            sample.finish_reason = "length"
+
+
+Draw = Callable[[int, ServingRequest, Sample], None]
+"""Appends the next token to a sample: called with the index of the chunk that completed it."""
+
+
+@dataclass
+class Chunk:
+    """One sequence's share of a step: ``count`` tokens from position ``start``; ``hit`` are
+    the cached blocks a sequence new to the pool starts from; ``decode`` marks a decode."""
+
+    request: ServingRequest
+    sample: Sample
+    start: int
+    count: int
+    hit: tuple[int, ...] | None = None  # None: the sequence is already in the pool
+    decode: bool = False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What one step computes: the chunks (in lazy mode only those that claimed memory),
+    every token it computes, the requests admitted and preempted, and the blocks moved to
+    and from swap space by request."""
+
+    chunks: tuple[Chunk, ...]
+    num_tokens: int
+    admitted: tuple[int, ...]
+    preempted: tuple[int, ...]
+    swapped_out: dict[int, int] = field(default_factory=dict)
+    swapped_in: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Decoding:
+    """A decoding sample: its request, its place among the request's samples, the step at
+    whose start its ``computed`` and ``tokens`` were last exact, and the ticket its entries
+    in the event buckets carry (a new ticket voids the old entries)."""
+
+    request: int
+    position: int
+    since: int
+    ticket: int
+
+
+class ServingCore:
+    """The waiting and running requests, their block tables in ``pool`` and their progress.
+
+    ``pool`` is a ``BlockPool`` (a ``PrefixCachingBlockPool`` turns prefix caching on), with
+    or without K/V tensors. ``chunked_prefill`` lets a prompt span several steps; ``lazy``
+    is the simulator's mode (see the module).
+    """
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
+                 chunked_prefill: bool = True, lazy: bool = False) -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise ValueError(f"config must be a SchedulerConfig, got {config!r}")
+        if not isinstance(pool, BlockPool):
+            raise ValueError(f"pool must be a BlockPool, got {pool!r}")
+        for name, value in (("chunked_prefill", chunked_prefill), ("lazy", lazy)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
+        if config.preemption == "swap" and pool.owns_kv:
+            raise ValueError("preemption='swap' is modelled only for pools without K/V (the "
+                             "simulator's); a pool with K/V preempts by recompute")
+        self.config, self.pool = config, pool
+        self.chunked_prefill, self.lazy = chunked_prefill, lazy
+        self.manager: PagedKVManager = kv_manager(pool)
+        self.scheduler = Scheduler(config, [])
+        self.swap = None if config.preemption != "swap" else SwapSpace(
+            pool.num_blocks - 1 if config.swap_space_blocks is None
+            else config.swap_space_blocks)
+        self.requests: list[ServingRequest] = []
+        self.unfinished: dict[int, None] = {}
+        self.clock = 0  # steps scheduled so far
+        self._owner: dict[str, int] = {}  # every sample's request
+        self._decoding: dict[str, _Decoding] = {}
+        self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
+        self._due: dict[int, list[tuple[str, int]]] = {}  # step -> decodes that claim then
+        self._ends: dict[int, list[tuple[str, int]]] = {}  # lazy: step -> last decodes
+        self._tickets = 0
+
+    # --- requests in and out ---------------------------------------------------------------
+
+    def check_fits(self, request: ServingRequest) -> None:
+        """Raise ValueError for a request the core could never finish: its samples, each at
+        full length and no longer sharing (as after a preemption), need more blocks than
+        the pool has, or (without chunked prefill) a sample exceeds the token budget. A
+        sample's last token never gets K/V, so full length is one less than its tokens."""
+        n, longest = len(request.samples), len(request.prompt) + request.max_tokens - 1
+        blocks = n * self.manager.blocks_needed(longest)
+        usable = self.pool.num_blocks - 1
+        if blocks > usable:
+            raise ValueError(f"request {request.request_id} needs up to {blocks} blocks "
+                             f"but the pool has {usable} for requests")
+        limit = self.config.max_num_batched_tokens
+        if limit is not None and not self.chunked_prefill and longest > limit:
+            raise ValueError(f"request {request.request_id} may prefill up to {longest} "
+                             f"tokens in one step (recomputing a sample), above "
+                             f"max_num_batched_tokens={limit}; enable chunked_prefill")
+
+    def add(self, request: ServingRequest) -> None:
+        """Queue a request checked by ``check_fits``, numbered ``len(requests)``."""
+        if request.request_id != len(self.requests):
+            raise ValueError(f"request id {request.request_id} is not the next one "
+                             f"({len(self.requests)})")
+        check_int("max_tokens", request.max_tokens, 1)
+        self.scheduler.add(Request(request.request_id, len(request.prompt),
+                                   request.max_tokens, arrival=request.request_id,
+                                   priority=request.priority))
+        self.requests.append(request)
+        self.unfinished[request.request_id] = None
+        for sample in request.samples:
+            self._owner[sample.seq_id] = request.request_id
+
+    def abort(self, request_id: int) -> ServingRequest:
+        """Stop an unfinished request: free its blocks, end its samples with ``"abort"``."""
+        if request_id not in self.unfinished:
+            raise ValueError(f"request {request_id!r} is not running or waiting "
+                             f"(unknown, finished or aborted)")
+        request = self.requests[request_id]
+        if request_id in self.scheduler.running:
+            self._release(request)
+            self.scheduler.stop(request_id)
+            self._prefilling.pop(request_id, None)
+        else:
+            self.scheduler.withdraw(request_id)
+            if request.swapped:
+                self.swap.swap_in(request_id)
+        for sample in request.active:
+            sample.finish_reason = "abort"
+        del self.unfinished[request_id]
+        return request
+
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Schedule:
+        """Hand out this step's budget as chunks and claim their slots (see the module)."""
+        limit = self.config.max_num_batched_tokens
+        budget = sys.maxsize if limit is None else limit
+        held = self._hold_over_budget(budget)
+        step = _Step(budget, held)
+        self._schedule_running(step)
+        if not self.lazy:
+            self._list_quiet_decodes(step)
+        admitted = [] if step.preempted else self._admit(step)
+        decodes = len(self._decoding) - len(held)
+        if not (decodes or step.chunks or step.preempted) and self.unfinished:
+            raise RuntimeError("a step with unfinished requests scheduled nothing; a bug")
+        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
+                        tuple(step.preempted), step.swapped_out, step.swapped_in)
+
+    def advance(self, schedule: Schedule, draw: Draw | None = None) -> dict[str, int]:
+        """Record the step as computed and ``draw`` the next token of every sample now fully
+        computed (forking a fresh request's samples first); the new tokens by sequence id.
+        In lazy mode the caller draws nothing (a sample's tokens are its positions) and
+        only the first and last token of each run of decodes is reported."""
+        if (draw is None) != self.lazy:
+            raise ValueError("advance needs a draw in eager mode and none in lazy mode")
+        step, new_tokens = self.clock, {}
+        for index, chunk in enumerate(schedule.chunks):
+            request, sample = chunk.request, chunk.sample
+            sample.computed = chunk.start + chunk.count
+            if chunk.decode:
+                self._decoding[sample.seq_id].since = step + 1
+                self._next_token(index, request, sample, draw, new_tokens)
+            elif sample.computed == len(sample.tokens):
+                self._finish_prefill(index, request, sample, draw, new_tokens)
+        for seq_id in self._valid(self._ends.pop(step, ())):
+            self._sync(seq_id, step + 1)
+            request = self.requests[self._owner[seq_id]]
+            sample = request.samples[self._decoding[seq_id].position]
+            sample.finish_reason = "length"
+            new_tokens[seq_id] = sample.tokens[-1]
+        self._due.pop(step, None)
+        self.clock += 1
+        return new_tokens
+
+    def retire(self, new_tokens: dict[str, int]) -> list[tuple[ServingRequest, bool]]:
+        """Free finished samples' blocks at once and retire finished requests; each request
+        that produced a token, in the running set's order, and whether it is done."""
+        owners = {self._owner[seq_id] for seq_id in new_tokens}
+        scheduler, touched = self.scheduler, []
+        for index in sorted(owners, key=scheduler.admission_rank):
+            request = self.requests[index]
+            for sample in request.samples:
+                if sample.finish_reason is not None and self.manager.holds(sample.seq_id):
+                    self._free(sample)
+            done = not request.active
+            if done:
+                scheduler.stop(index)
+                self._prefilling.pop(index, None)
+                del self.unfinished[index]
+            touched.append((request, done))
+        return touched
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _hold_over_budget(self, budget: int) -> set[str]:
+        """The decoding samples that sit this step out because their decodes alone exceed
+        the budget (least protected first; possible with ``n`` > 1 samples)."""
+        excess = len(self._decoding) - budget
+        if excess <= 0:
+            return set()
+        key = self.scheduler.claim_key
+        order = sorted(self._decoding,
+                       key=lambda s: (key(self._decoding[s].request), self._decoding[s].position))
+        held = set(order[-excess:])
+        for seq_id in held:
+            self._sync(seq_id, self.clock)
+            self._register(seq_id, self.clock + 1)
+        return held
+
+    def _schedule_running(self, step: _Step) -> None:
+        """Give the running requests that need memory their chunks, most protected first,
+        preempting victims while the pool lacks blocks."""
+        scheduler, due = self.scheduler, self._due_now(step.held)
+        claimants = set(self._prefilling) | set(due)
+        for index in sorted(claimants, key=scheduler.claim_key):
+            if index not in scheduler.running:
+                continue  # preempted earlier in this step
+            request = self.requests[index]
+            plan = [self._decode_chunk(request, request.samples[self._decoding[s].position])
+                    for s in due.get(index, ())]
+            plan += self._plan(request, step.left(len(self._decoding)), decoding=False)
+            if not plan:
+                continue
+            victims = scheduler.preempt_until(
+                index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free,
+                lambda victim: self._preempt(victim, step))
+            step.preempted += victims
+            if index in victims:
+                continue
+            self._claim(plan, step)
+            for chunk in plan:
+                if chunk.decode:
+                    self._register_due(chunk.sample.seq_id, self.clock + 1, chunk.start + 1)
+
+    def _due_now(self, held: set[str]) -> dict[int, list[str]]:
+        """This step's decodes that claim memory, by request, each caught up to now."""
+        due: dict[int, list[str]] = {}
+        for seq_id in self._valid(self._due.get(self.clock, ())):
+            if seq_id not in held:
+                self._sync(seq_id, self.clock)
+                due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
+        return due
+
+    def _list_quiet_decodes(self, step: _Step) -> None:
+        """Eager mode: claim the slot of every other decode (it needs no new block) and
+        list all running chunks in claim order."""
+        claimed = {c.sample.seq_id for c in step.chunks}
+        for seq_id, decoding in self._decoding.items():
+            if seq_id not in claimed and seq_id not in step.held:
+                request = self.requests[decoding.request]
+                chunk = self._decode_chunk(request, request.samples[decoding.position])
+                self._claim([chunk], step)
+        key = self.scheduler.claim_key
+        step.chunks.sort(key=lambda c: (key(c.request.request_id), _position(c.request, c.sample)))
+
+    def _admit(self, step: _Step) -> list[int]:
+        """Admit waiting requests while the limits, the budget and the free blocks allow."""
+        scheduler, admitted = self.scheduler, []
+        while (budget := step.left(len(self._decoding))) and \
+                (index := scheduler.next_waiting()) is not None:
+            request = self.requests[index]
+            plan = self._plan(request, budget, decoding=request.swapped)
+            cost = sum(c.count for c in plan)
+            if (not plan or not scheduler.admits(cost, 0)
+                    or self._blocks_for(plan) > self.pool.num_free):
+                break
+            scheduler.admit_next()
+            if request.swapped:
+                request.swapped = False
+                step.swapped_in[index] = self.swap.swap_in(index)
+            self._prefilling[index] = None
+            self._claim(plan, step)
+            admitted.append(index)
+        return admitted
+
+    def _plan(self, request: ServingRequest, budget: int, *, decoding: bool) -> list[Chunk]:
+        """The prefill chunks of ``request``'s sequences not decoding that fit in ``budget``
+        tokens (at most one sequence new to the pool, so that its cache hit cannot be
+        evicted meanwhile); ``decoding`` plans a swapped-in request's decodes too."""
+        plan: list[Chunk] = []
+        size = self.pool.block_size
+        for sample in _compute_sequences(request):
+            if sample.seq_id in self._decoding and not decoding:
+                continue
+            held = self.manager.holds(sample.seq_id)
+            if not held and any(c.hit is not None for c in plan):
+                continue
+            hit = None if held else self._cache_hit(request, sample.tokens)
+            start = sample.computed if held or request.swapped else len(hit) * size
+            pending = len(sample.tokens) - start
+            count = min(pending, budget) if self.chunked_prefill else \
+                (pending if pending <= budget else 0)
+            if count == 0:
+                break
+            plan.append(Chunk(request, sample, start, count, hit, held and sample.decoding))
+            budget -= count
+        return plan
+
+    def _decode_chunk(self, request: ServingRequest, sample: Sample) -> Chunk:
+        """A decoding sample's chunk: its one token not yet computed."""
+        return Chunk(request, sample, sample.computed, 1, None, True)
+
+    def _cache_hit(self, request: ServingRequest, tokens: Sequence[int]) -> tuple[int, ...]:
+        """The cached blocks a new sequence of ``tokens`` starts from (none without
+        caching; never its last token, which is always computed)."""
+        manager = self.manager
+        if not isinstance(manager, PrefixCachingKVManager):
+            return ()
+        size = self.pool.block_size
+        hashes = block_hashes(tokens[: (len(tokens) - 1) // size * size], size,
+                              cache_salt=request.cache_salt)
+        return tuple(manager.pool.longest_cached_prefix(hashes))
+
+    def _blocks_for(self, plan: list[Chunk]) -> int:
+        """Free blocks claiming ``plan``'s slots takes (copies of shared blocks included)."""
+        manager, pool, size = self.manager, self.pool, self.pool.block_size
+        needed, revived, writers = 0, set(), {}
+        for chunk in plan:
+            end = chunk.start + chunk.count
+            if chunk.hit is not None:
+                needed += manager.blocks_needed(end) - len(chunk.hit)
+                revived.update(b for b in chunk.hit if pool.ref_count(b) == 0)
+                continue
+            table = manager.block_table(chunk.sample.seq_id)
+            needed += manager.blocks_needed(end) - len(table)
+            if chunk.start % size:
+                writers[table[-1]] = writers.get(table[-1], 0) + 1
+        for block, count in writers.items():  # the last holder writes in place
+            needed += count if count < pool.ref_count(block) else count - 1
+        return needed + len(revived)
+
+    def _claim(self, plan: list[Chunk], step: _Step) -> None:
+        """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
+        hit before anything else can evict it) and add them to the step."""
+        manager, caching = self.manager, isinstance(self.manager, PrefixCachingKVManager)
+        for chunk in sorted(plan, key=lambda c: c.hit is None):
+            sample, end = chunk.sample, chunk.start + chunk.count
+            if chunk.hit is None:
+                if caching:
+                    manager.append_tokens(sample.seq_id, token_ids=sample.tokens[chunk.start:end])
+                else:
+                    manager.append_tokens(sample.seq_id, chunk.count)
+            else:
+                self._add_sequence(chunk)
+            if not chunk.decode:
+                step.prefill += chunk.count
+            step.chunks.append(chunk)
+
+    def _add_sequence(self, chunk: Chunk) -> None:
+        """Put a sequence new to the pool there, its cache hit first."""
+        sample, end = chunk.sample, chunk.start + chunk.count
+        if not isinstance(self.manager, PrefixCachingKVManager):
+            self.manager.add_sequence(sample.seq_id, end)
+            return
+        hit = self.manager.add_sequence(sample.seq_id, token_ids=sample.tokens[:end],
+                                        cache_salt=chunk.request.cache_salt)
+        if hit != len(chunk.hit) * self.pool.block_size:
+            raise RuntimeError(f"cache hit of {hit} tokens for {sample.seq_id}, planned "
+                               f"{len(chunk.hit)} blocks; this is a bug")
+
+    def _preempt(self, index: int, step: _Step) -> None:
+        """Free every block of request ``index`` and requeue it: to swap space when it has
+        room (its samples keep their progress), else to be recomputed when readmitted (from
+        its cached prefix, with prefix caching)."""
+        request = self.requests[index]
+        held = [s for s in request.samples if self.manager.holds(s.seq_id)]
+        blocks = sum(len(self.manager.block_table(s.seq_id)) for s in held)
+        if self.swap is not None and blocks and self.swap.swap_out(index, blocks):
+            request.swapped = True
+            step.swapped_out[index] = blocks
+        self._release(request)
+        if not request.swapped:
+            for sample in request.samples:
+                sample.computed, sample.decoding = 0, False
+        self.scheduler.stop(index)
+        self.scheduler.requeue(index)
+        self._prefilling.pop(index, None)
+        request.preemptions += 1
+
+    def _release(self, request: ServingRequest) -> None:
+        """Free the blocks of every sequence of ``request`` that holds some."""
+        for sample in request.samples:
+            if self.manager.holds(sample.seq_id):
+                self._free(sample)
+
+    def _free(self, sample: Sample) -> None:
+        """Free a sample's blocks, caught up first (so the blocks that filled get hashed)."""
+        if sample.seq_id in self._decoding:
+            self._sync(sample.seq_id, self.clock)
+            del self._decoding[sample.seq_id]
+        self.manager.free_sequence(sample.seq_id)
+
+    # --- decodes and their events --------------------------------------------------------
+
+    def _next_token(self, index: int, request: ServingRequest, sample: Sample,
+                    draw: Draw | None, new_tokens: dict[str, int]) -> None:
+        """The token after a computed decode: drawn (eager), or the next position (lazy,
+        reported only at the end of a run of decodes)."""
+        if draw is None:
+            sample.tokens.append(len(sample.tokens))
+            return
+        draw(index, request, sample)
+        new_tokens[sample.seq_id] = sample.tokens[-1]
+
+    def _finish_prefill(self, index: int, request: ServingRequest, sample: Sample,
+                        draw: Draw | None, new_tokens: dict[str, int]) -> None:
+        """A sequence whose tokens are all computed: fork a fresh request's samples from it,
+        draw each one's next token, and start decoding those that go on."""
+        targets = [sample]
+        if request.fresh:
+            targets = request.samples
+            for child in targets[1:]:
+                self.manager.fork(sample.seq_id, child.seq_id)
+                child.computed = sample.computed
+        for target in targets:
+            if draw is None:
+                request.append_token(target, len(target.tokens), ())
+            else:
+                draw(index, request, target)
+            target.decoding = True
+            new_tokens[target.seq_id] = target.tokens[-1]
+            if target.finish_reason is None:
+                self._start_decoding(request, target)
+        if all(s.seq_id in self._decoding for s in request.active):
+            self._prefilling.pop(request.request_id, None)
+
+    def _start_decoding(self, request: ServingRequest, sample: Sample) -> None:
+        """Track a sample that decodes from the next step on."""
+        self._decoding[sample.seq_id] = _Decoding(
+            request.request_id, _position(request, sample), self.clock + 1, 0)
+        self._register(sample.seq_id, self.clock + 1)
+
+    def _register(self, seq_id: str, since: int) -> None:
+        """File a decoding sample, exact at the start of step ``since``, under the steps of
+        its next block claim and (lazy) its last token, with a fresh ticket."""
+        decoding = self._decoding[seq_id]
+        self._tickets += 1
+        decoding.since, decoding.ticket = since, self._tickets
+        request = self.requests[decoding.request]
+        sample = request.samples[decoding.position]
+        table = self.manager.block_table(seq_id)
+        shared = sample.computed % self.pool.block_size and self.pool.ref_count(table[-1]) > 1
+        if shared:  # just forked: copy-on-write at once
+            self._due.setdefault(since, []).append((seq_id, self._tickets))
+        else:
+            self._register_due(seq_id, since, sample.computed)
+        if self.lazy:
+            left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
+            self._ends.setdefault(since + left - 1, []).append((seq_id, self._tickets))
+
+    def _register_due(self, seq_id: str, since: int, computed: int) -> None:
+        """File a decoding sample with ``computed`` tokens at the start of step ``since``
+        under the step at which its next token starts a new block."""
+        step = since + (-computed) % self.pool.block_size
+        self._due.setdefault(step, []).append((seq_id, self._decoding[seq_id].ticket))
+
+    def _valid(self, entries: Sequence[tuple[str, int]]) -> list[str]:
+        """The sequence ids of bucket ``entries`` whose tickets are still current."""
+        decoding = self._decoding
+        return [s for s, ticket in entries if s in decoding and decoding[s].ticket == ticket]
+
+    def _sync(self, seq_id: str, step: int) -> None:
+        """Catch a decoding sample up to the start of ``step``: one token per step since it
+        was last exact (its positions), and its block table's length (no block is taken:
+        the claims were made when they were due)."""
+        decoding = self._decoding[seq_id]
+        behind = step - decoding.since
+        request = self.requests[decoding.request]
+        sample = request.samples[decoding.position]
+        if behind:
+            sample.tokens.extend(range(len(sample.tokens), len(sample.tokens) + behind))
+            sample.computed += behind
+            decoding.since = step
+        lag = sample.computed - self.manager.seq_len(seq_id)
+        if lag > 0:
+            if isinstance(self.manager, PrefixCachingKVManager):
+                self.manager.append_tokens(seq_id,
+                                           token_ids=sample.tokens[sample.computed - lag:
+                                                                   sample.computed])
+            else:
+                self.manager.append_tokens(seq_id, lag)
+
+    def sync_all(self) -> None:
+        """Catch every decoding sample up to now (lazy mode), e.g. before a snapshot."""
+        for seq_id in self._decoding:
+            self._sync(seq_id, self.clock)
+
+    # --- all or nothing --------------------------------------------------------------------
+
+    _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_due", "_ends",
+                   "_tickets", "swap")
+
+    def checkpoint(self) -> bytes:
+        """Everything a step changes here, pickled (a deep copy), except the K/V tensors:
+        call ``save_taken_kv`` after ``schedule`` for those a rollback needs."""
+        state = {
+            "pool": {k: v for k, v in vars(self.pool).items() if k != "_kv"},
+            "manager": {k: v for k, v in vars(self.manager).items() if k != "pool"},
+            "scheduler": vars(self.scheduler),
+            "requests": {i: self.requests[i] for i in self.unfinished},
+            "core": {name: getattr(self, name) for name in self._STEP_STATE},
+            "cached_free": self._cached_free_blocks(),
+        }
+        return pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+
+    def _cached_free_blocks(self) -> list[int]:
+        """Free blocks that still hold a cached prefix."""
+        pool = self.pool
+        if not isinstance(pool, PrefixCachingBlockPool) or not pool.owns_kv:
+            return []
+        return [b for b in pool.free_blocks() if pool.block_hash(b) is not None]
+
+    def save_taken_kv(self, checkpoint: bytes, num_layers: int) -> tuple[list[int], list]:
+        """Copies of the K/V (``num_layers`` layers) of the free cached blocks the scheduled
+        step took: evicted ones get overwritten, and a rolled-back step must give them back
+        still cached (a block taken as a cache hit is only read; its copy is not needed)."""
+        pool = self.pool
+        taken = [b for b in pickle.loads(checkpoint)["cached_free"] if pool.ref_count(b)]
+        if not taken:
+            return [], []
+        return taken, [pool.kv_cache(layer)[taken].clone() for layer in range(num_layers)]
+
+    def restore(self, checkpoint: bytes, taken_kv: tuple[list[int], list] = ([], [])) -> None:
+        """Put back the state ``checkpoint`` saved and the K/V ``save_taken_kv`` copied."""
+        taken, saved = taken_kv
+        for layer, kv in enumerate(saved):
+            self.pool.kv_cache(layer)[taken] = kv
+        state = pickle.loads(checkpoint)
+        vars(self.pool).update(state["pool"])
+        vars(self.manager).update(state["manager"])
+        vars(self.scheduler).update(state["scheduler"])
+        for index, request in state["requests"].items():
+            self.requests[index] = request
+        vars(self).update(state["core"])
+
+
+@dataclass
+class _Step:
+    """One step while it is scheduled: the budget, the decodes sitting it out, the chunks
+    claimed, the prefill tokens among them, and who was preempted or swapped."""
+
+    budget: int
+    held: set[str]
+    chunks: list[Chunk] = field(default_factory=list)
+    prefill: int = 0
+    preempted: list[int] = field(default_factory=list)
+    swapped_out: dict[int, int] = field(default_factory=dict)
+    swapped_in: dict[int, int] = field(default_factory=dict)
+
+    def left(self, decoding: int) -> int:
+        """Budget left for prefill chunks, with ``decoding`` samples decoding (less those
+        held back)."""
+        return max(0, self.budget - (decoding - len(self.held)) - self.prefill)
+
+
+def _position(request: ServingRequest, sample: Sample) -> int:
+    """Where ``sample`` (that very object) stands among ``request``'s samples."""
+    return next(k for k, s in enumerate(request.samples) if s is sample)
+
+
+def _compute_sequences(request: ServingRequest) -> list[Sample]:
+    """The sequences of a running or waiting request that have tokens to compute: the
+    prompt (one sequence, shared by all samples later) of a fresh request, else every
+    unfinished sample."""
+    samples = [request.samples[0]] if request.fresh else request.active
+    return [s for s in samples if s.computed < len(s.tokens)]
