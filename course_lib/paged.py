@@ -266,7 +266,8 @@ def _count_and_ids(
     if token_ids is None:
         return default if num_tokens is None else num_tokens, None
     ids = check_list("token_ids", token_ids)
-    for token in ids:
+    ends = ids[:1] + ids[-1:] if isinstance(token_ids, range) else ids  # a range by its ends
+    for token in ends:
         if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
             raise ValueError(f"token id must be below 2**64, got {token!r}")
     if num_tokens is not None and num_tokens != len(ids):

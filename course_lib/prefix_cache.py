@@ -213,10 +213,13 @@ class PrefixCachingKVManager(PagedKVManager):
         *,
         token_ids: Iterable[int] | None = None,
         cache_salt: str | None = None,
+        known: Sequence[BlockHash] = (),
     ) -> int:
         """Start a sequence, reusing its longest cached prefix; return the tokens reused.
 
         ``cache_salt`` separates tenants: only requests with the same salt share blocks.
+        ``known`` are hashes the caller already computed for a prefix of ``token_ids``
+        (vLLM keeps them on the request), so only the rest are hashed.
         """
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a str or None, got {cache_salt!r}")
@@ -226,16 +229,22 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().add_sequence(seq_id, num_tokens)
         length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
         assert ids is not None
-        hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt)
+        known = [check_block_hash("known hash", h) for h in check_list("known", known)]
+        if len(known) > length // self.block_size:
+            raise ValueError(f"{len(known)} known hashes for {length} tokens, more than "
+                             f"their full blocks")
+        hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt, known=known)
         hit = self.pool.longest_cached_prefix(hashes[: max(length - 1, 0) // self.block_size])
         revived = sum(1 for block_id in hit if self.pool.ref_count(block_id) == 0)
         fresh = self.blocks_needed(length) - len(hit)
         self._require_free(fresh + revived)
         self.pool.touch(hit)
-        self._install(seq_id, hit + [self.pool.allocate() for _ in range(fresh)], length, ids)
+        table = hit + [self.pool.allocate() for _ in range(fresh)]
+        self._install(seq_id, table, length, ids)
         self._salts[seq_id] = cache_salt
-        self._hashes[seq_id] = []
-        self._cache_full_blocks(seq_id)
+        self._hashes[seq_id] = hashes
+        for index in range(len(hit), len(hashes)):  # the full blocks it did not reuse
+            self.pool.cache_block(table[index], hashes[index])
         hit_tokens = len(hit) * self.block_size
         self._queries += 1
         self._query_tokens += length

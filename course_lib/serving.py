@@ -46,7 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from course_lib.paged import BlockPool, PagedKVManager
-from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
+from course_lib.prefix_cache import (
+    BlockHash,
+    PrefixCachingBlockPool,
+    PrefixCachingKVManager,
+    block_hashes,
+)
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
 from course_lib.validate import check_int
 from course_lib.workload import Request
@@ -181,6 +186,7 @@ class ServingCore:
         self._owner: dict[str, int] = {}  # every sample's request
         self._decoding: dict[str, _Decoding] = {}
         self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
+        self._chains: dict[str, list[BlockHash]] = {}  # prefix caching: hashes per sample
         self._due: dict[int, list[tuple[str, int]]] = {}  # step -> decodes that claim then
         self._ends: dict[int, list[tuple[str, int]]] = {}  # lazy: step -> last decodes
         self._tickets = 0
@@ -227,15 +233,21 @@ class ServingCore:
         if request_id in self.scheduler.running:
             self._release(request)
             self.scheduler.stop(request_id)
-            self._prefilling.pop(request_id, None)
         else:
             self.scheduler.withdraw(request_id)
             if request.swapped:
                 self.swap.swap_in(request_id)
         for sample in request.active:
             sample.finish_reason = "abort"
-        del self.unfinished[request_id]
+        self._forget(request)
         return request
+
+    def _forget(self, request: ServingRequest) -> None:
+        """Drop what the core kept for a request that has ended."""
+        self._prefilling.pop(request.request_id, None)
+        del self.unfinished[request.request_id]
+        for sample in request.samples:
+            self._chains.pop(sample.seq_id, None)
 
     # --- one step ------------------------------------------------------------------------
 
@@ -251,7 +263,8 @@ class ServingCore:
         admitted = [] if step.preempted else self._admit(step)
         decodes = len(self._decoding) - len(held)
         if not (decodes or step.chunks or step.preempted) and self.unfinished:
-            raise RuntimeError("a step with unfinished requests scheduled nothing; a bug")
+            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
+                               f"waits but cannot be admitted into an idle server; a bug")
         return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
                         tuple(step.preempted), step.swapped_out, step.swapped_in)
 
@@ -294,8 +307,7 @@ class ServingCore:
             done = not request.active
             if done:
                 scheduler.stop(index)
-                self._prefilling.pop(index, None)
-                del self.unfinished[index]
+                self._forget(request)
             touched.append((request, done))
         return touched
 
@@ -319,23 +331,25 @@ class ServingCore:
     def _schedule_running(self, step: _Step) -> None:
         """Give the running requests that need memory their chunks, most protected first,
         preempting victims while the pool lacks blocks."""
-        scheduler, due = self.scheduler, self._due_now(step.held)
-        claimants = set(self._prefilling) | set(due)
+        scheduler, due, prefilling = self.scheduler, self._due_now(step.held), self._prefilling
+        claimants = due.keys() | prefilling.keys() if prefilling else due
         for index in sorted(claimants, key=scheduler.claim_key):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
             request = self.requests[index]
             plan = [self._decode_chunk(request, request.samples[self._decoding[s].position])
                     for s in due.get(index, ())]
-            plan += self._plan(request, step.left(len(self._decoding)), decoding=False)
+            if index in prefilling:
+                plan += self._plan(request, step.left(len(self._decoding)), decoding=False)
             if not plan:
                 continue
-            victims = scheduler.preempt_until(
-                index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free,
-                lambda victim: self._preempt(victim, step))
-            step.preempted += victims
-            if index in victims:
-                continue
+            if self._blocks_for(plan) > self.pool.num_free:
+                victims = scheduler.preempt_until(
+                    index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free,
+                    lambda victim: self._preempt(victim, step))
+                step.preempted += victims
+                if index in victims:
+                    continue
             self._claim(plan, step)
             for chunk in plan:
                 if chunk.decode:
@@ -346,7 +360,7 @@ class ServingCore:
         due: dict[int, list[str]] = {}
         for seq_id in self._valid(self._due.get(self.clock, ())):
             if seq_id not in held:
-                self._sync(seq_id, self.clock)
+                self._catch_up(seq_id, self.clock)  # its table catches up as it claims
                 due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
         return due
 
@@ -374,9 +388,10 @@ class ServingCore:
                     or self._blocks_for(plan) > self.pool.num_free):
                 break
             scheduler.admit_next()
-            if request.swapped:
+            if request.swapped:  # back from swap space: what the cache lacks is copied in
                 request.swapped = False
-                step.swapped_in[index] = self.swap.swap_in(index)
+                cached = sum(len(c.hit) for c in plan)
+                step.swapped_in[index] = max(0, self.swap.swap_in(index) - cached)
             self._prefilling[index] = None
             self._claim(plan, step)
             admitted.append(index)
@@ -394,7 +409,7 @@ class ServingCore:
             held = self.manager.holds(sample.seq_id)
             if not held and any(c.hit is not None for c in plan):
                 continue
-            hit = None if held else self._cache_hit(request, sample.tokens)
+            hit = None if held else self._cache_hit(request, sample)
             start = sample.computed if held or request.swapped else len(hit) * size
             pending = len(sample.tokens) - start
             count = min(pending, budget) if self.chunked_prefill else \
@@ -409,20 +424,30 @@ class ServingCore:
         """A decoding sample's chunk: its one token not yet computed."""
         return Chunk(request, sample, sample.computed, 1, None, True)
 
-    def _cache_hit(self, request: ServingRequest, tokens: Sequence[int]) -> tuple[int, ...]:
-        """The cached blocks a new sequence of ``tokens`` starts from (none without
-        caching; never its last token, which is always computed)."""
+    def _cache_hit(self, request: ServingRequest, sample: Sample) -> tuple[int, ...]:
+        """The cached blocks a sequence new to the pool starts from (none without caching;
+        never its last token, which is always computed)."""
         manager = self.manager
         if not isinstance(manager, PrefixCachingKVManager):
             return ()
-        size = self.pool.block_size
-        hashes = block_hashes(tokens[: (len(tokens) - 1) // size * size], size,
-                              cache_salt=request.cache_salt)
-        return tuple(manager.pool.longest_cached_prefix(hashes))
+        chain = self._chain(request, sample, (len(sample.tokens) - 1) // self.pool.block_size)
+        return tuple(manager.pool.longest_cached_prefix(chain))
+
+    def _chain(self, request: ServingRequest, sample: Sample, blocks: int) -> list[BlockHash]:
+        """The hashes of ``sample``'s first ``blocks`` full blocks, kept per sample as vLLM
+        keeps them on the request, so a waiting request is not hashed again every step."""
+        size, known = self.pool.block_size, self._chains.get(sample.seq_id, [])
+        if len(known) < blocks:
+            known = block_hashes(sample.tokens[: blocks * size], size,
+                                 cache_salt=request.cache_salt, known=known)
+            self._chains[sample.seq_id] = known
+        return known[:blocks]
 
     def _blocks_for(self, plan: list[Chunk]) -> int:
         """Free blocks claiming ``plan``'s slots takes (copies of shared blocks included)."""
         manager, pool, size = self.manager, self.pool, self.pool.block_size
+        if len(plan) == 1 and plan[0].decode and plan[0].start % size == 0:
+            return 1  # a decode that starts a new block (the common claim)
         needed, revived, writers = 0, set(), {}
         for chunk in plan:
             end = chunk.start + chunk.count
@@ -441,14 +466,10 @@ class ServingCore:
     def _claim(self, plan: list[Chunk], step: _Step) -> None:
         """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
         hit before anything else can evict it) and add them to the step."""
-        manager, caching = self.manager, isinstance(self.manager, PrefixCachingKVManager)
         for chunk in sorted(plan, key=lambda c: c.hit is None):
             sample, end = chunk.sample, chunk.start + chunk.count
             if chunk.hit is None:
-                if caching:
-                    manager.append_tokens(sample.seq_id, token_ids=sample.tokens[chunk.start:end])
-                else:
-                    manager.append_tokens(sample.seq_id, chunk.count)
+                self._append(sample, end)
             else:
                 self._add_sequence(chunk)
             if not chunk.decode:
@@ -461,8 +482,9 @@ class ServingCore:
         if not isinstance(self.manager, PrefixCachingKVManager):
             self.manager.add_sequence(sample.seq_id, end)
             return
-        hit = self.manager.add_sequence(sample.seq_id, token_ids=sample.tokens[:end],
-                                        cache_salt=chunk.request.cache_salt)
+        hit = self.manager.add_sequence(
+            sample.seq_id, token_ids=sample.tokens[:end], cache_salt=chunk.request.cache_salt,
+            known=self._chain(chunk.request, sample, end // self.pool.block_size))
         if hit != len(chunk.hit) * self.pool.block_size:
             raise RuntimeError(f"cache hit of {hit} tokens for {sample.seq_id}, planned "
                                f"{len(chunk.hit)} blocks; this is a bug")
@@ -569,25 +591,33 @@ class ServingCore:
         return [s for s, ticket in entries if s in decoding and decoding[s].ticket == ticket]
 
     def _sync(self, seq_id: str, step: int) -> None:
+        """Catch a decoding sample and its block table up to the start of ``step``."""
+        self._catch_up(seq_id, step)
+        decoding = self._decoding[seq_id]
+        sample = self.requests[decoding.request].samples[decoding.position]
+        self._append(sample, sample.computed)
+
+    def _catch_up(self, seq_id: str, step: int) -> None:
         """Catch a decoding sample up to the start of ``step``: one token per step since it
-        was last exact (its positions), and its block table's length (no block is taken:
-        the claims were made when they were due)."""
+        was last exact, its position as its id (lazy mode)."""
         decoding = self._decoding[seq_id]
         behind = step - decoding.since
-        request = self.requests[decoding.request]
-        sample = request.samples[decoding.position]
         if behind:
+            sample = self.requests[decoding.request].samples[decoding.position]
             sample.tokens.extend(range(len(sample.tokens), len(sample.tokens) + behind))
             sample.computed += behind
             decoding.since = step
-        lag = sample.computed - self.manager.seq_len(seq_id)
-        if lag > 0:
-            if isinstance(self.manager, PrefixCachingKVManager):
-                self.manager.append_tokens(seq_id,
-                                           token_ids=sample.tokens[sample.computed - lag:
-                                                                   sample.computed])
-            else:
-                self.manager.append_tokens(seq_id, lag)
+
+    def _append(self, sample: Sample, end: int) -> None:
+        """Extend a sample's block table to ``end`` tokens (its token ids, which prefix
+        caching hashes, or a count); blocks are taken where they are needed."""
+        length = self.manager.seq_len(sample.seq_id)
+        if end <= length:
+            return
+        if isinstance(self.manager, PrefixCachingKVManager):
+            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
+        else:
+            self.manager.append_tokens(sample.seq_id, end - length)
 
     def sync_all(self) -> None:
         """Catch every decoding sample up to now (lazy mode), e.g. before a snapshot."""
@@ -596,8 +626,8 @@ class ServingCore:
 
     # --- all or nothing --------------------------------------------------------------------
 
-    _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_due", "_ends",
-                   "_tickets", "swap")
+    _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_chains", "_due",
+                   "_ends", "_tickets", "swap")
 
     def checkpoint(self) -> bytes:
         """Everything a step changes here, pickled (a deep copy), except the K/V tensors:

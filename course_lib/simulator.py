@@ -46,20 +46,10 @@ from tqdm.auto import tqdm
 
 from course_lib.kv_math import GIB, MODELS
 from course_lib.limits import MAX_POOL_BLOCKS
-from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder, OutOfBlocks
-from course_lib.prefix_cache import (
-    BlockHash,
-    PrefixCachingBlockPool,
-    PrefixCachingKVManager,
-    block_hashes,
-)
-from course_lib.scheduler import (
-    Scheduler,
-    SchedulerConfig,
-    SwapSpace,
-    kv_manager,
-    tokens_to_recompute,
-)
+from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder
+from course_lib.prefix_cache import PrefixCachingBlockPool
+from course_lib.scheduler import Scheduler, SchedulerConfig
+from course_lib.serving import Sample, Schedule, ServingCore, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import (
@@ -364,43 +354,17 @@ class SimResult:
         return arena
 
     def pool_at(self, step: int) -> PoolSnapshot:
-        """The paged pool as it was at ``step``'s decode: the run's events replayed into a
-        fresh copy of its memory (the same KV-cache manager), whose snapshot gives each
-        block's fill, owner, prefix-cache hash and what happened to it in that step; paged
-        runs with ``record="full"`` only."""
+        """The paged pool as it was at ``step``'s decode: the run repeated up to that step
+        (it is deterministic) and the serving core's KV-cache manager snapshotted, which
+        gives each block's fill, owner, prefix-cache hash and what happened to it in that
+        step; paged runs with ``record="full"`` only."""
         config = self.config
         if config.allocator != "paged":
             raise ValueError("pool_at is for the paged allocator; use arena_at")
-        events = self._events_until(step)
-        memory = _PagedMemory(config)
-        finals = {r.id: r.total_len for r in self.trace}
-        running: dict[int, Event] = {}
-        started = False
-        for event in events:
-            if event.step == step and not started:
-                memory.pool.take_events()  # the snapshot shows only this step's events
-                started = True
-            rid = event.request
-            if event.kind == "admit":
-                hit = memory.cached_prefix(rid, event.length) if event.cached else []
-                if memory.admit(rid, event.length, finals[rid], hit)[1] != event.where:
-                    raise RuntimeError(f"replaying step {event.step} gave request {rid} other "
-                                       f"blocks than the run did; this is a bug")
-                running[rid] = event
-            elif event.kind == "grow":
-                memory.grow(rid)
-            else:
-                if event.cached:
-                    memory.cache(rid, event.length)
-                memory.release(rid, 0)
-                del running[rid]
-        if not started:
-            memory.pool.take_events()
-        for rid, admitted in running.items():  # lengths as of this step's token
-            behind = admitted.length + step - admitted.step + 1 - memory.manager.seq_len(str(rid))
-            if behind:
-                memory.extend(rid, behind)
-        return memory.manager.snapshot(label=f"step {step}")
+        self._events_until(step)  # checks the run kept its events and the step exists
+        run = _PagedRun(list(self.trace), config, "off", progress=False)
+        run.run_until(step)
+        return run.core.manager.snapshot(label=f"step {step}")
 
 
 class _SlabMemory:
@@ -450,29 +414,15 @@ class _SlabMemory:
 
 
 class _PagedMemory:
-    """The step loop's view of a paged pool: the serving core's KV-cache manager
-    (``course_lib.scheduler.kv_manager``; with prefix caching, :class:`_HashedAtPreemption`)
-    over a pool without K/V storage.
+    """The metrics' view of a paged pool (the serving core's): how much of it requests
+    hold, and why a request could never fit."""
 
-    Sequences are named by trace request id. A request's manager length is brought up to
-    date only at its events (admission: its length plus the step's token; each new block:
-    the first token that needs it), never per token. With prefix caching, a request's
-    token ids are its positions (0, 1, 2, ...) and its cache salt names it, so the real
-    hash chain (``course_lib.prefix_cache.block_hashes``) lets only the request itself
-    find its blocks; they get their hashes when it is preempted.
-    """
-
-    def __init__(self, config: SimConfig) -> None:
-        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
-        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
-        self.manager = _HashedAtPreemption(pool) if config.prefix_caching else kv_manager(pool)
+    def __init__(self, config: SimConfig, pool: BlockPool) -> None:
         self.pool = pool
         self.block_size = config.block_size
         self.usable = config.num_blocks - 1
         self.capacity = self.usable * config.block_size
-        self.hashes: dict[int, list[BlockHash]] = {}  # prefix caching: per request
-        self.tracked: set[int] = set()  # sequences added with token ids (resumed on a hit)
-        self.version = 0
+        self.version = 0  # the fragmentation of a paged pool never changes
 
     def reject_reason(self, final_len: int) -> str | None:
         """Why a request ending at ``final_len`` tokens can never run, or None."""
@@ -486,103 +436,34 @@ class _PagedMemory:
         """Slots in blocks held by running requests."""
         return (self.usable - self.pool.num_free) * self.block_size
 
-    def admit(self, request: int, length: int, final_len: int,
-              hit: Sequence[int] = ()) -> tuple[int, tuple[int, ...]]:
-        """Add the sequence with room for ``length + 1`` tokens: (slots, block ids), or
-        (0, ()) if too few blocks are free. ``hit`` are the cached blocks
-        :meth:`cached_prefix` found (free, so they count against the free blocks); the
-        manager finds them again through the sequence's token ids and takes them first."""
-        need = (length + self.block_size) // self.block_size
-        if need > self.pool.num_free:
-            return 0, ()
-        seq = str(request)
-        if hit:
-            assert isinstance(self.manager, PrefixCachingKVManager)
-            found = self.manager.add_sequence(seq, token_ids=range(length),
-                                              cache_salt=_salt(request))
-            if found != len(hit) * self.block_size:
-                raise RuntimeError(f"request {request}: the manager found {found} cached "
-                                   f"tokens, the lookup {len(hit)} blocks; this is a bug")
-            self.manager.append_tokens(seq, token_ids=[length])
-            self.tracked.add(request)
-        else:
-            self.manager.add_sequence(seq, length + 1)
-        self.version += 1
-        return need * self.block_size, self.manager.block_table(seq)
-
-    def cache(self, request: int, length: int) -> int:
-        """Prefix caching, before a preemption: give the request's full blocks (of
-        ``length`` tokens written) their hashes; return how many."""
-        full = length // self.block_size
-        hashes = self.hashes[request] = block_hashes(
-            range(full * self.block_size), self.block_size, cache_salt=_salt(request),
-            known=self.hashes.get(request, ()))
-        table = self.manager.block_table(str(request))
-        for k in range(full):
-            self.pool.cache_block(table[k], hashes[k])
-        return full
-
-    def cached_prefix(self, request: int, length: int) -> list[int]:
-        """Prefix caching: the leading blocks of a request resuming at ``length`` tokens
-        still in the cache, leaving at least its last token to compute."""
-        hashes = self.hashes.get(request)
-        if not hashes:
-            return []
-        return self.pool.longest_cached_prefix(hashes[: (length - 1) // self.block_size])
-
-    def grow(self, request: int) -> bool:
-        """Extend the sequence to the first token of a new block; False (nothing changed)
-        when the pool is empty."""
-        length = self.manager.seq_len(str(request))
-        try:
-            self.extend(request, -(-length // self.block_size) * self.block_size + 1 - length)
-        except OutOfBlocks:
-            return False
-        return True
-
-    def last_block(self, request: int) -> int:
-        """The id of the request's last block."""
-        return self.manager.block_table(str(request))[-1]
-
-    def extend(self, request: int, count: int) -> None:
-        """Append ``count`` tokens to the request's sequence (positions as token ids when
-        the manager tracks its tokens)."""
-        seq = str(request)
-        if request in self.tracked:
-            length = self.manager.seq_len(seq)
-            self.manager.append_tokens(seq, token_ids=range(length, length + count))
-        else:
-            self.manager.append_tokens(seq, count)
-
-    def release(self, request: int, written: int) -> None:
-        """Free the request's blocks, last block first (``written`` is not needed here)."""
-        self.manager.free_sequence(str(request))
-        self.tracked.discard(request)
-        self.version += 1
-
     def fragmentation(self, length: int, final_len: int) -> tuple[int, int, bool]:
         """For a waiting request: the slots of the blocks it needs, and no external
         fragmentation, since any free block fits any request."""
         return (length + self.block_size) // self.block_size * self.block_size, 0, False
 
 
-class _HashedAtPreemption(PrefixCachingKVManager):
-    """The prefix-caching manager, except that a sequence's full blocks get their hashes
-    only when the simulator preempts it (:meth:`_PagedMemory.cache`), not as they fill.
+class Positions:
+    """A simulated sequence's token ids: its positions, 0, 1, 2, ... Only lengths matter to
+    the simulator; a request's cache salt keeps its hashes its own. Stored as a length."""
 
-    The simulator's requests share nothing, so a finished request's blocks could never be
-    found again; hashing them anyway (as vLLM does) would queue them at the back of the
-    free queue with the victims' caches and change which cached blocks are evicted first
-    (on the support-chat study: 111,440 tokens found in 224 of 350 resumptions instead of
-    113,312 in 230, chapter 05's figures)."""
+    __slots__ = ("length",)
 
-    def _cache_full_blocks(self, seq_id: str) -> None:
-        """Hash nothing as blocks fill (see the class)."""
+    def __init__(self, length: int) -> None:
+        self.length = length
 
+    def __len__(self) -> int:
+        return self.length
 
-def _salt(request: int) -> str:
-    """The cache salt of trace request ``request``: only the request finds its blocks."""
-    return f"simulated request {request}"
+    def __getitem__(self, key: int | slice) -> int | range:
+        return range(self.length)[key]
+
+    def append(self, token: int) -> None:
+        """One more token (its id is its position whatever ``token`` says)."""
+        self.length += 1
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """``len(tokens)`` more tokens."""
+        self.length += len(tokens)
 
 
 def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
@@ -603,7 +484,8 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
     if not trace:
         raise ValueError("simulate needs at least one request")
     check_trace_size(trace)
-    return _Run(trace, config, record, progress).result()
+    run_type = _PagedRun if config.allocator == "paged" else _SlabRun
+    return run_type(trace, config, record, progress).result()
 
 
 def simulate_many(requests: Iterable[Request], configs: Iterable[SimConfig], *,
@@ -615,106 +497,98 @@ def simulate_many(requests: Iterable[Request], configs: Iterable[SimConfig], *,
                                                        desc="simulations", leave=False)]
 
 
+@dataclass(slots=True)
+class _Tally:
+    """One request's bookkeeping for the metrics (the serving core schedules it)."""
+
+    generated: int = 0     # tokens generated before the current admission
+    len0: int = 0          # KV length at the current admission
+    t0: int = 0            # step of the current admission
+    slots: int = 0         # slots held now
+    internal: int = 0      # of those, slots past the final length
+    finish: int = -1       # contiguous runs: step of the last token (-1: not running)
+    first_step: int = -1
+    done_step: int = -1
+    preempted_at: int = -1
+
+
 class _Run:
-    """The state of one simulation; ``result`` runs the step loop."""
+    """The state of one simulation; ``result`` runs the step loop, and the subclasses
+    schedule a step: :class:`_SlabRun` over a contiguous arena, :class:`_PagedRun` through
+    the serving core."""
 
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
         self.trace, self.config, self.record, self.progress = trace, config, record, progress
-        self.memory = (_PagedMemory(config) if config.allocator == "paged"
-                       else _SlabMemory(config))
-        self.scheduler = Scheduler(config.scheduler, trace)
-        n = len(trace)
-        self.ids = [r.id for r in trace]  # the memory names requests by trace id
         self.prompt = [r.prompt_len for r in trace]
         self.final = [r.total_len for r in trace]
-        self.generated = [0] * n          # tokens generated before the current admission
-        self.len0 = [0] * n               # KV length at the current admission
-        self.t0 = [0] * n                 # step of the current admission
-        self.slots = [0] * n              # slots held now
-        self.internal = [0] * n           # of those, slots past the final length
-        self.finish = [-1] * n            # step of the last token (-1: not running)
-        self.next_grow = [-1] * n         # step the next block is needed (-1: never)
-        self.admission = [0] * n          # admission number, the order of block claims
-        self.admissions = 0
-        self.first_step = [-1] * n
-        self.done_step = [-1] * n
+        self.tally = [_Tally() for _ in trace]
         self.stalls: list[tuple[int, int, int]] = []  # (request, preempted at, resumed at)
-        self.preempted_at = [-1] * n
-        self.preemptions = 0
-        self.recomputed = 0
+        self.preemptions = self.recomputed = self.swapped_bytes = 0
         self.reused = 0  # prefix caching: tokens resumed requests found cached
-        self.swapped_bytes = 0
         self.step_swapped = [0, 0]  # blocks and bytes moved in the current step
-        self.sum_len = 0
-        self.sum_internal = 0
-        self.grow_at: dict[int, list[int]] = {}
-        self.finish_at: dict[int, list[int]] = {}
+        self.sum_len = self.sum_internal = 0
         self.events: list[Event] | None = [] if record == "full" else None
-        self.swap = None
-        if config.scheduler.preemption == "swap" and config.allocator == "paged":
-            capacity = config.scheduler.swap_space_blocks
-            self.swap = SwapSpace(config.num_blocks - 1 if capacity is None else capacity)
         self.rejections: dict[int, str] = {}
-        for request in trace:
-            reason = (f"needs {request.total_len} tokens, above max_len={config.max_len}"
-                      if request.total_len > config.max_len
-                      else self.memory.reject_reason(request.total_len))
+
+    def _reject_impossible(self, memory: _SlabMemory | _PagedMemory) -> None:
+        """List the requests that could never run, even alone."""
+        for request in self.trace:
+            reason = (f"needs {request.total_len} tokens, above max_len={self.config.max_len}"
+                      if request.total_len > self.config.max_len
+                      else memory.reject_reason(request.total_len))
             if reason is not None:
                 self.rejections[request.id] = reason
 
-    # --- events ------------------------------------------------------------------------------
+    # --- the step, per memory ------------------------------------------------------------
+
+    def _arrive(self, i: int) -> None:
+        """Trace request ``i`` joins the queue."""
+        raise NotImplementedError
+
+    def _schedule(self, t: int) -> tuple[bool, int]:
+        """Step ``t``'s claims, preemptions and admissions: (anyone preempted, tokens
+        prefilled)."""
+        raise NotImplementedError
+
+    def _finish_step(self, t: int) -> int:
+        """After step ``t``'s decode: free the requests that wrote their last token and
+        return how many there were."""
+        raise NotImplementedError
+
+    def waiting_head(self) -> int | None:
+        """The trace index of the request first in the waiting queue, or None."""
+        raise NotImplementedError
+
+    # --- events shared by both ---------------------------------------------------------------
 
     def _log(self, step: int, kind: EventKind, i: int, length: int,
              where: tuple[int, ...] = (), cached: int = 0) -> None:
         if self.events is not None:
             self.events.append(Event(step, kind, self.trace[i].id, length, where, cached))
 
-    def _admit(self, i: int, t: int, length: int, hit: list[int]) -> bool:
-        """Give request ``i`` memory for ``length + 1`` tokens at step ``t``, taking back the
-        cached blocks ``hit`` first; False if there is not enough."""
-        rid = self.trace[i].id
-        slots, where = (self.memory.admit(rid, length, self.final[i], hit) if hit
-                        else self.memory.admit(rid, length, self.final[i]))
-        if not slots:
-            return False
-        self.scheduler.admit_next()
-        self.len0[i], self.t0[i], self.slots[i] = length, t, slots
-        self.internal[i] = max(0, slots - self.final[i])
-        self.sum_internal += self.internal[i]
+    def _admitted(self, i: int, t: int, length: int, where: tuple[int, ...], slots: int,
+                  cached: int = 0) -> None:
+        """Request ``i`` was admitted at step ``t`` at ``length`` tokens into ``slots``."""
+        tally = self.tally[i]
+        tally.len0, tally.t0, tally.slots = length, t, slots
+        tally.internal = max(0, slots - self.final[i])
+        self.sum_internal += tally.internal
         self.sum_len += length
-        self.admissions += 1
-        self.admission[i] = self.admissions
-        finish = t + self.final[i] - length - 1
-        self.finish[i] = finish
-        self.finish_at.setdefault(finish, []).append(i)
-        grow = t + slots - length
-        self.next_grow[i] = grow if grow <= finish else -1
-        if grow <= finish:
-            self.grow_at.setdefault(grow, []).append(i)
-        if self.first_step[i] < 0:
-            self.first_step[i] = t
-        self._log(t, "admit", i, length, where, len(hit))
-        return True
+        if tally.first_step < 0:
+            tally.first_step = t
+        if tally.preempted_at >= 0:
+            self.stalls.append((i, tally.preempted_at, t))
+            tally.preempted_at = -1
+        self._log(t, "admit", i, length, where, cached)
 
-    def _preempt(self, i: int, t: int) -> None:
-        """Push request ``i`` out at step ``t``: free its memory, keep what it generated."""
-        length = self.len0[i] + t - self.t0[i]
-        self.generated[i] = length - self.prompt[i]
-        cached = 0
-        if self.swap is not None and self.swap.swap_out(i, self.slots[i] // self.config.block_size):
-            self._count_swap(self.slots[i])
-        elif self.config.prefix_caching:
-            cached = self.memory.cache(self.trace[i].id, length)
-        self.memory.release(self.trace[i].id, length - self.len0[i])
-        self.scheduler.stop(i)
-        self.scheduler.requeue(i)
-        self.sum_len -= length
-        self.sum_internal -= self.internal[i]
-        self.finish[i] = self.next_grow[i] = -1
-        self.preemptions += 1
-        self.preempted_at[i] = t
-        self._log(t, "preempt", i, length, cached=cached)
+    def _finished(self, i: int, t: int) -> None:
+        """Request ``i`` wrote its last token at step ``t`` and left."""
+        tally = self.tally[i]
+        self.sum_len -= self.final[i]
+        self.sum_internal -= tally.internal
+        tally.done_step = t
+        self._log(t, "finish", i, self.final[i])
 
     def _count_swap(self, slots: int) -> None:
         """Add one transfer of ``slots`` token slots (in either direction) to the step."""
@@ -723,96 +597,13 @@ class _Run:
         self.step_swapped[0] += slots // self.config.block_size
         self.step_swapped[1] += moved
 
-    def _finish(self, i: int, t: int) -> None:
-        """Request ``i`` wrote its last token at step ``t``: free its memory."""
-        self.memory.release(self.trace[i].id, self.final[i] - self.len0[i])
-        self.scheduler.stop(i)
-        self.sum_len -= self.final[i]
-        self.sum_internal -= self.internal[i]
-        self.finish[i] = self.next_grow[i] = -1
-        self.done_step[i] = t
-        self._log(t, "finish", i, self.final[i])
-
     # --- the loop ----------------------------------------------------------------------------
-
-    def _grow(self, t: int) -> bool:
-        """Step ``t``'s claims for new blocks, oldest admission first; True if any request
-        was preempted. The hot path of a paged run, hence the local names."""
-        needs = self.grow_at.pop(t, None)
-        if not needs:
-            return False
-        if len(needs) > 1:
-            needs.sort(key=self.admission.__getitem__)
-        grow, next_grow, slots, final, ids = (self.memory.grow, self.next_grow, self.slots,
-                                              self.final, self.ids)
-        grow_at, finish, events = self.grow_at, self.finish, self.events
-        size = self.config.block_size
-        preempted = False
-        for i in needs:
-            if next_grow[i] != t:
-                continue  # preempted earlier in this step
-            if not grow(ids[i]):  # the pool is empty: the scheduler's shared preemption loop
-                claimed = [False]
-
-                def fits(i: int = i, claimed: list[bool] = claimed) -> bool:
-                    claimed[0] = grow(ids[i])
-                    return claimed[0]
-
-                self.scheduler.preempt_until(i, fits, lambda victim: self._preempt(victim, t))
-                preempted = True
-                if not claimed[0]:
-                    continue
-            held = slots[i] = slots[i] + size
-            if held > final[i]:
-                self.internal[i] = held - final[i]
-                self.sum_internal += held - final[i]
-            if events is not None:
-                self._log(t, "grow", i, self.len0[i] + t - self.t0[i],
-                          (self.memory.last_block(ids[i]),))
-            if t + size <= finish[i]:
-                next_grow[i] = t + size
-                grow_at.setdefault(t + size, []).append(i)
-            else:
-                next_grow[i] = -1
-        return preempted
-
-    def _admit_waiting(self, t: int) -> int:
-        """Admit waiting requests at step ``t``; return the tokens prefilled."""
-        scheduler = self.scheduler
-        step_tokens = len(scheduler.running)
-        prefilled = 0
-        while scheduler.num_waiting:
-            i = scheduler.next_waiting()
-            resumed = self.preempted_at[i] >= 0
-            resumed_by_swap = self.swap is not None and self.swap.holds(i)
-            length = self.prompt[i] + self.generated[i]
-            hit: list[int] = []
-            if self.config.prefix_caching and resumed and not resumed_by_swap:
-                hit = self.memory.cached_prefix(self.trace[i].id, length)
-            computed = (tokens_to_recompute(length, len(hit), self.config.block_size)
-                        if hit else length)
-            cost = 1 if resumed_by_swap else computed
-            if not scheduler.admits(cost, step_tokens) or not self._admit(i, t, length, hit):
-                break
-            step_tokens += cost
-            if resumed:
-                self.stalls.append((i, self.preempted_at[i], t))
-                self.preempted_at[i] = -1
-                if resumed_by_swap:
-                    self._count_swap(self.swap.swap_in(i) * self.config.block_size)
-                else:
-                    self.recomputed += computed
-                    self.reused += length - computed
-                    prefilled += computed
-            else:
-                prefilled += length
-        return prefilled
 
     def _stuck(self, t: int) -> None:
         """Raise if step ``t`` runs nothing although a request waits: with nothing running
         and nothing preempted, the next step would be the same, forever. Rejecting up front
         the requests that cannot run alone makes this unreachable; it guards the loop."""
-        head = self.scheduler.next_waiting()
+        head = self.waiting_head()
         if head is not None:
             request = self.trace[head]
             raise RuntimeError(
@@ -821,6 +612,15 @@ class _Run:
 
     def result(self) -> SimResult:
         """Run every request to completion and gather the metrics."""
+        acc, order = self._loop(None)
+        return acc.result(order)
+
+    def run_until(self, step: int) -> None:
+        """Run up to step ``step``'s decode and stop there (for a snapshot)."""
+        self._loop(step)
+
+    def _loop(self, stop_at: int | None) -> tuple[_Accumulator, list[int]]:
+        """The step loop (see the module), to the end or to ``stop_at``."""
         trace, scheduler = self.trace, self.scheduler
         order = sorted((i for i, r in enumerate(trace) if r.id not in self.rejections),
                        key=lambda i: (trace[i].arrival, i))
@@ -835,30 +635,192 @@ class _Run:
         t = 0
         while remaining:
             while arrivals and trace[arrivals[0]].arrival <= t:
-                scheduler.arrive(arrivals.popleft())
+                self._arrive(arrivals.popleft())
             if not scheduler.running and not scheduler.num_waiting:  # idle until the next
+                if stop_at is not None and stop_at < trace[arrivals[0]].arrival:
+                    self._stop(decoded=False)
+                    break
                 acc.idle(trace[arrivals[0]].arrival - t)
                 t = trace[arrivals[0]].arrival
                 continue
+            if t == stop_at:
+                self._stop(decoded=False)
             preemptions_before = self.preemptions
             self.step_swapped = [0, 0]
-            preempted = self._grow(t)
-            prefilled = 0 if preempted else self._admit_waiting(t)
+            preempted, prefilled = self._schedule(t)
             batch = len(scheduler.running)
             if not batch and not preempted:
                 self._stuck(t)
             self.sum_len += batch
             acc.step(batch, prefilled, self.preemptions - preemptions_before)
-            for i in self.finish_at.pop(t, ()):
-                if self.finish[i] == t:
-                    self._finish(i, t)
-                    remaining -= 1
+            if t == stop_at:
+                self._stop(decoded=True)
+                break
+            remaining -= self._finish_step(t)
             if batch and t % 256 == 0:
                 bar.update(acc.output - bar.n)
             t += 1
         bar.update(acc.output - bar.n)
         bar.close()
-        return acc.result(order)
+        return acc, order
+
+    def _stop(self, decoded: bool) -> None:
+        """Before (``decoded`` False) or after the decode of the step a snapshot shows."""
+        raise ValueError("only paged runs are snapshotted")
+
+
+class _SlabRun(_Run):
+    """A contiguous arena: a request reserves its slab when admitted and never grows, so
+    nobody is preempted; the guide's minimal step loop, with the scheduler's order."""
+
+    def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
+                 progress: bool) -> None:
+        super().__init__(trace, config, record, progress)
+        self.memory = _SlabMemory(config)
+        self.scheduler = Scheduler(config.scheduler, trace)
+        self.finish_at: dict[int, list[int]] = {}
+        self._reject_impossible(self.memory)
+
+    def _arrive(self, i: int) -> None:
+        self.scheduler.arrive(i)
+
+    def waiting_head(self) -> int | None:
+        return self.scheduler.next_waiting()
+
+    def _schedule(self, t: int) -> tuple[bool, int]:
+        """Admit waiting requests in queue order while the next one's slab fits and the
+        limits allow (it prefills its prompt and writes the step's token)."""
+        scheduler = self.scheduler
+        step_tokens = len(scheduler.running)
+        prefilled = 0
+        while (i := scheduler.next_waiting()) is not None:
+            length = self.prompt[i]
+            if not scheduler.admits(length + 1, step_tokens):
+                break
+            slots, where = self.memory.admit(self.trace[i].id, length, self.final[i])
+            if not slots:
+                break
+            scheduler.admit_next()
+            step_tokens += length + 1
+            prefilled += length
+            finish = t + self.final[i] - length - 1
+            self.tally[i].finish = finish
+            self.finish_at.setdefault(finish, []).append(i)
+            self._admitted(i, t, length, where, slots)
+        return False, prefilled
+
+    def _finish_step(self, t: int) -> int:
+        finished = self.finish_at.pop(t, ())
+        for i in finished:
+            self.memory.release(self.trace[i].id, self.final[i] - self.tally[i].len0)
+            self.scheduler.stop(i)
+            self._finished(i, t)
+        return len(finished)
+
+
+class _PagedRun(_Run):
+    """A paged pool, scheduled by the serving core (``course_lib.serving``) in lazy mode
+    over a pool without K/V: the core decides who runs, who is admitted and who is
+    preempted, and claims the blocks; this run turns what it did into the metrics.
+
+    A trace request of ``P`` prompt and ``O`` output tokens is, to the core, a request of
+    ``P + 1`` prompt tokens (the guide's free prefill plus the token its admission step
+    writes) and ``max_tokens=O``: its K/V length is the guide's after every step, its last
+    step the same, and its admission charges the step's budget its prompt plus that token.
+    """
+
+    def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
+                 progress: bool) -> None:
+        super().__init__(trace, config, record, progress)
+        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
+        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
+        self.core = ServingCore(config.scheduler, pool, chunked_prefill=False, lazy=True)
+        self.scheduler = self.core.scheduler
+        self.memory = _PagedMemory(config, pool)
+        self.index: list[int] = []  # the core's request id -> trace index
+        self._pending: Schedule | None = None  # the step scheduled, not yet advanced
+        self._reject_impossible(self.memory)
+
+    def _arrive(self, i: int) -> None:
+        request = self.trace[i]
+        queued = ServingRequest(
+            len(self.index), range(request.prompt_len + 1), request.output_len,
+            request.priority, [Sample(str(request.id), Positions(request.prompt_len + 1))],
+            cache_salt=f"simulated request {request.id}")
+        self.core.check_fits(queued)  # the rejections made sure; a bug otherwise
+        self.core.add(queued)
+        self.index.append(i)
+
+    def waiting_head(self) -> int | None:
+        head = self.scheduler.next_waiting()
+        return None if head is None else self.index[head]
+
+    def _schedule(self, t: int) -> tuple[bool, int]:
+        """The core's step ``t``, logged: preemptions, block claims, then admissions."""
+        schedule = self._pending = self.core.schedule()
+        for request_id in schedule.preempted:
+            self._preempted(self.index[request_id], t, schedule.swapped_out.get(request_id))
+        prefilled, size = 0, self.config.block_size
+        for chunk in schedule.chunks:
+            i = self.index[chunk.request.request_id]
+            if chunk.decode:
+                self._grew(i, t, chunk.start, chunk.sample.seq_id)
+                continue
+            table = self.core.manager.block_table(chunk.sample.seq_id)
+            length = chunk.start + chunk.count - 1  # the guide's: before the step's token
+            swapped = schedule.swapped_in.get(chunk.request.request_id)
+            if self.tally[i].preempted_at >= 0:
+                self.reused += len(chunk.hit or ()) * size
+            if swapped is not None:
+                self._count_swap(swapped * size)
+            else:
+                prefilled += chunk.count - 1
+                self.recomputed += (chunk.count - 1) * (self.tally[i].preempted_at >= 0)
+            self._admitted(i, t, length, table, len(table) * size, len(chunk.hit or ()))
+        return bool(schedule.preempted), prefilled
+
+    def _grew(self, i: int, t: int, length: int, seq_id: str) -> None:
+        """Request ``i`` (sequence ``seq_id``) took a block for its token at ``length`` in
+        step ``t``."""
+        tally = self.tally[i]
+        tally.slots += self.config.block_size
+        if tally.slots > self.final[i]:
+            grown = tally.slots - self.final[i] - tally.internal
+            tally.internal += grown
+            self.sum_internal += grown
+        if self.events is not None:
+            self._log(t, "grow", i, length, self.core.manager.block_table(seq_id)[-1:])
+
+    def _preempted(self, i: int, t: int, swapped_blocks: int | None) -> None:
+        """Request ``i`` was pushed out at step ``t`` (to swap space, if it took blocks)."""
+        tally = self.tally[i]
+        length = tally.len0 + t - tally.t0
+        tally.generated = length - self.prompt[i]
+        if swapped_blocks is not None:
+            self._count_swap(swapped_blocks * self.config.block_size)
+        cached = length // self.config.block_size if self.config.prefix_caching else 0
+        self.sum_len -= length
+        self.sum_internal -= tally.internal
+        self.preemptions += 1
+        tally.preempted_at = t
+        self._log(t, "preempt", i, length, cached=cached)
+
+    def _finish_step(self, t: int) -> int:
+        core = self.core
+        finished = 0
+        for request, done in core.retire(core.advance(self._pending)):
+            if done:
+                self._finished(self.index[request.request_id], t)
+                finished += 1
+        return finished
+
+    def _stop(self, decoded: bool) -> None:
+        """A snapshot shows only its step's events, and every length as of its token."""
+        if decoded:
+            self.core.advance(self._pending)
+            self.core.sync_all()
+        else:
+            self.core.pool.take_events()
 
 
 class _Accumulator:
@@ -876,7 +838,7 @@ class _Accumulator:
         self.used = self.allocated = self.internal = 0
         self.waiting_steps = self.batch_while_waiting = self.stranded = self.no_gap_steps = 0
         self.empty_while_waiting = 0
-        self._fragmentation_key: tuple[int, int] | None = None
+        self._fragmentation_key: tuple[int, int, int] | None = None
         self._fragmentation = (0, 0, False)
 
     def step(self, batch: int, prefilled: int, preempted: int) -> None:
@@ -894,12 +856,12 @@ class _Accumulator:
             self.internal += run.sum_internal
         need = stranded = 0
         if waiting:
-            head = run.scheduler.next_waiting()
-            key = (head, memory.version)
+            head = run.waiting_head()
+            length = run.prompt[head] + run.tally[head].generated
+            key = (head, length, memory.version)
             if key != self._fragmentation_key:  # the arena or the head changed
                 self._fragmentation_key = key
-                self._fragmentation = memory.fragmentation(
-                run.prompt[head] + run.generated[head], run.final[head])
+                self._fragmentation = memory.fragmentation(length, run.final[head])
             need, stranded, no_gap = self._fragmentation
             self.waiting_steps += 1
             self.batch_while_waiting += batch
@@ -935,8 +897,8 @@ class _Accumulator:
         end = np.cumsum(self.step_seconds)
         start = end - np.asarray(self.step_seconds)
         arrival = start[[trace[i].arrival for i in order]]
-        ttft = end[[run.first_step[i] for i in order]] - arrival
-        latency = end[[run.done_step[i] for i in order]] - arrival
+        ttft = end[[run.tally[i].first_step for i in order]] - arrival
+        latency = end[[run.tally[i].done_step for i in order]] - arrival
         stall: dict[int, float] = {}
         for i, preempted, resumed in run.stalls:
             stall[i] = stall.get(i, 0.0) + float(start[resumed] - start[preempted])

@@ -9,7 +9,6 @@ ordinary generation, the baseline the engine's outputs must equal.
 """
 
 from course_lib.engine.contiguous import generate
-from course_lib.serving import Chunk, Schedule, ServingCore
 from course_lib.engine.engine import EngineStats, PagedEngine, RequestUpdate, StepReport
 from course_lib.engine.loading import config_from_hf, from_hf, load_pretrained
 from course_lib.engine.model import (
@@ -24,6 +23,7 @@ from course_lib.engine.model import (
 from course_lib.engine.paged_forward import DecodeAttention, PagedBatch, PagedDecode
 from course_lib.engine.requests import GenerationRequest, RequestOutput
 from course_lib.engine.sampling import SamplingParams, sample_token
+from course_lib.serving import Chunk, Schedule, ServingCore
 
 __all__ = [
     "Attention",

@@ -35,7 +35,6 @@ import torch
 
 from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
-from course_lib.serving import Chunk, Schedule, ServingCore
 from course_lib.engine.model import LlamaModel
 from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
 from course_lib.engine.requests import (
@@ -52,6 +51,7 @@ from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
 )
 from course_lib.scheduler import SchedulerConfig
+from course_lib.serving import Chunk, Schedule, ServingCore
 
 Prompt = GenerationRequest | str | Sequence[int]
 
