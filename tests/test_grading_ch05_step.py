@@ -45,12 +45,12 @@ def suffix_design(state: dict[str, Any], block_size: int, max_num_seqs: int | No
     while not gone and waiting and seats > 0:
         length = waiting[0]["length"]
         need = length // block_size + 1
-        if length > budget or need > free:
+        if length + 1 > budget or need > free:
             break
         head = waiting.pop(0)
         kept.append({**head, "blocks": need})
         admitted.append(head["id"])
-        budget, seats, free = budget - length, seats - 1, free - need
+        budget, seats, free = budget - length - 1, seats - 1, free - need
     return {"running": tuple(kept), "waiting": tuple(waiting), "free_blocks": free,
             "preempted": tuple(r["id"] for r in reversed(gone)), "admitted": tuple(admitted)}
 
@@ -153,8 +153,13 @@ def test_random_servers_rebuilt_steps_match_the_simulator_and_the_rules(case: Re
 def mistaken(*, oldest_victim: bool = False, requeue_at_back: bool = False,
              skip_blocked_head: bool = False, blocks_for_length: bool = False,
              needs_spare_block: bool = False, decode_tokens_free: bool = False,
-             no_token_budget: bool = False, no_seq_limit: bool = False) -> Any:
+             no_token_budget: bool = False, no_seq_limit: bool = False,
+             step_token_free: bool = False) -> Any:
     """The notebook's design with one mistake switched on."""
+
+    def cost(head: dict[str, int]) -> int:
+        """An admission's tokens: its prefill and (unless mistaken) the token it writes."""
+        return head["length"] + (0 if step_token_free else 1)
 
     def schedule_step(state: dict[str, Any], block_size: int, max_num_seqs: int | None,
                       max_num_batched_tokens: int | None) -> dict[str, Any]:
@@ -183,7 +188,7 @@ def mistaken(*, oldest_victim: bool = False, requeue_at_back: bool = False,
             if max_num_seqs is not None and not no_seq_limit:
                 fits = fits and len(running) < max_num_seqs
             if max_num_batched_tokens is not None and not no_token_budget:
-                fits = fits and tokens + head["length"] <= max_num_batched_tokens
+                fits = fits and tokens + cost(head) <= max_num_batched_tokens
             if not fits:
                 if not skip_blocked_head:
                     break
@@ -192,7 +197,7 @@ def mistaken(*, oldest_victim: bool = False, requeue_at_back: bool = False,
             waiting.pop(k)
             running.append({**head, "blocks": need})
             admitted.append(head["id"])
-            free, tokens = free - need, tokens + head["length"]
+            free, tokens = free - need, tokens + cost(head)
         return {"running": running, "waiting": waiting, "free_blocks": free,
                 "preempted": preempted, "admitted": admitted}
 
@@ -211,7 +216,8 @@ def test_the_mistake_free_variant_passes() -> None:
      ("blocks_for_length", "running [0:4/1] but the simulator has [0:4/2]"),
      ("needs_spare_block", "admitted [] but the simulator has [2]"),
      ("decode_tokens_free", "admitted [2] but the simulator has []"),
-     ("no_token_budget", "admitted [0, 1, 2] but the simulator has [0, 1]"),
+     ("no_token_budget", "admitted [0, 1, 2] but the simulator has [0]"),
+     ("step_token_free", "admitted [0, 1] but the simulator has [0]"),
      ("no_seq_limit", "admitted [0, 1, 2, 3, 4] but the simulator has [0, 1]")],
 )
 def test_mistakes_fail_at_the_first_differing_step(mistake: str, needle: str) -> None:

@@ -209,7 +209,8 @@ PREEMPT = ("preempted: when a claim finds the pool empty, the NEWEST running req
            "(maybe the claimant itself); waiting: it goes back to the FRONT, at its length")
 ADMIT = ("admitted: nobody in a step that preempted; else from the front, strictly in order, "
          "while max_num_seqs, max_num_batched_tokens (a token per decode plus each "
-         "admission's whole length) and the free blocks (for length + 1 tokens) allow")
+         "admission's whole length and the token it writes) and the free blocks (for "
+         "length + 1 tokens) allow")
 RULES = f"{GROW}; {PREEMPT}; {ADMIT}"
 """The hint of a seeded trace: the idea behind each field the report may name."""
 
@@ -250,9 +251,9 @@ def replays() -> list[tuple[Replay, str]]:
         (Replay("max_num_batched_tokens binds", (_req(0, 6, 4), _req(1, 5, 3), _req(2, 11, 1),
                                                   _req(3, 2, 2, arrival=4)), 4, 30,
                 max_num_batched_tokens=12),
-         "admitted: a step's tokens are one per running request (its decode) plus each admitted "
-         "request's whole length (its prefill); the first that would pass "
-         "max_num_batched_tokens stops admission"),
+         "admitted: a step's tokens are one per running request (its decode) plus, for each "
+         "admitted request, its whole length (its prefill) and the token it writes; the "
+         "first that would pass max_num_batched_tokens stops admission"),
         (Replay("preemption with a small request waiting",
                 (_req(0, 8, 8), _req(1, 7, 6), _req(2, 1, 2, arrival=1)), 4, 5),
          f"{PREEMPT}; admitted: nobody in a step that preempted, and a request that does "
