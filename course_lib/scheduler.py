@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -257,6 +257,14 @@ class Scheduler:
         if index not in self.running:
             raise ValueError(f"request {index!r} is not running")
         return (self._rank[index],) if self.config.policy == "fcfs" else self._keys[index]
+
+    def in_claim_order(self, indices: Iterable[int]) -> list[int]:
+        """Running requests ``indices`` sorted as ``claim_order`` would have them."""
+        chosen = list(indices)
+        if not self.running.keys() >= set(chosen):
+            raise ValueError(f"not all of {chosen!r} are running")
+        by = self._rank if self.config.policy == "fcfs" else self._keys
+        return sorted(chosen, key=by.__getitem__)
 
     def admission_rank(self, index: int) -> int:
         """How many admissions there had been when running request ``index`` was admitted:

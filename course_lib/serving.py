@@ -333,7 +333,7 @@ class ServingCore:
         preempting victims while the pool lacks blocks."""
         scheduler, due, prefilling = self.scheduler, self._due_now(step.held), self._prefilling
         claimants = due.keys() | prefilling.keys() if prefilling else due
-        for index in sorted(claimants, key=scheduler.claim_key):
+        for index in scheduler.in_claim_order(claimants):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
             request = self.requests[index]
@@ -466,7 +466,7 @@ class ServingCore:
     def _claim(self, plan: list[Chunk], step: _Step) -> None:
         """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
         hit before anything else can evict it) and add them to the step."""
-        for chunk in sorted(plan, key=lambda c: c.hit is None):
+        for chunk in sorted(plan, key=lambda c: c.hit is None) if len(plan) > 1 else plan:
             sample, end = chunk.sample, chunk.start + chunk.count
             if chunk.hit is None:
                 self._append(sample, end)

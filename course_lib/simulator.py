@@ -4,32 +4,35 @@ The model is the source guide's. Each step is one decode iteration in which ever
 request writes one token; prefill is free (admitting a request adds no step). Inside step
 ``t``, in this order:
 
-1. **grow**: each running request whose slots are all written claims more (under paging,
-   one block), oldest admission first. When the pool is empty the scheduler names a victim
-   (``course_lib.scheduler``), whose memory is freed, until the claim succeeds or the
-   claimant is itself the victim. Contiguous slabs never grow: they reserve up front.
+1. **claim**: each running request whose slots are all written claims more (under paging,
+   one block), most protected first (``Scheduler.claim_order``: oldest admission first under
+   FCFS). When the pool is empty the scheduler names a victim (``course_lib.scheduler``),
+   whose memory is freed, until the claim succeeds or the claimant is itself the victim.
+   Contiguous slabs never grow: they reserve up front.
 2. **admit**: unless something was preempted in this step (vLLM's rule, so a freed request
    is not readmitted at once), waiting requests are admitted in queue order while the next
    one fits and the scheduler's limits allow; strict order, so a request that does not fit
    blocks those behind it. A request is admitted with room for its current length plus the
-   token this step writes.
+   token this step writes, and charges the step's token budget both.
 3. **decode**: every running request writes one token. The step's metrics are taken here.
 4. **finish**: requests that wrote their last token free their memory.
 
-The loop is event-driven: a request costs work only when it is admitted, crosses a block
-boundary, is preempted or finishes, never per token. A step that holds no event costs a few
-additions, so 3,000 chats take a fraction of a second.
+Paged runs are not scheduled here: the serving core (``course_lib.serving.ServingCore``)
+that chapter 07's engine runs on does it, over a pool without K/V storage, in its lazy
+mode, where a request costs work only when it is admitted, claims a block, is preempted or
+finishes, never per token; 3,000 chats take about a second. A trace request of ``P``
+prompt and ``O`` output tokens is, to the core, a prompt of ``P + 1`` tokens (the guide's
+free prefill and the token its admission step writes) with ``max_tokens=O``, which gives
+the guide's K/V lengths step by step. Contiguous runs keep the guide's simple loop
+(:class:`_SlabRun`): a slab never grows, so nobody is preempted.
 
-Prefix caching (``SimConfig(prefix_caching=True)``, off by default) changes one thing: a
-request preempted for recompute leaves its full blocks in the pool with their hashes
-(``course_lib.prefix_cache``), last block first in the free queue, so the pool evicts its
-tail first. When it resumes it takes back the leading blocks nobody has reused since
-(always computing at least its last token, as vLLM does) and recomputes only the rest.
-The simulator knows lengths, not token ids, so a request's token ids are its positions and
-its id is the first block's cache salt: hashed by ``course_lib.prefix_cache``'s chain, only
-the request itself can find its blocks, and running requests never share one (sharing is
-chapter 04's). Block tables and hashes live in the serving core's KV-cache manager over a
-pool without K/V storage, as in the engine (``course_lib.engine.core``). Admission is
+Prefix caching (``SimConfig(prefix_caching=True)``, off by default) is the core's, which is
+vLLM's: every block is hashed as it fills (``course_lib.prefix_cache``), a freed block keeps
+its hash at the back of the free queue until it is handed out again, and a request resumed
+by recompute takes back the leading blocks nobody has reused since, computing at least the
+token its step writes. The simulator knows lengths, not token ids, so a request's token ids
+are its positions and its id is its cache salt: only the request itself can find its
+blocks, and running requests never share one (sharing is chapter 04's). Admission is
 unchanged (a cached free block is still a free block), so the schedule changes only where
 a token budget or a time cost sees the tokens no longer prefilled.
 """

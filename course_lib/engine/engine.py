@@ -46,7 +46,7 @@ from course_lib.engine.requests import (
     prepare_requests,
 )
 from course_lib.engine.sampling import SamplingParams
-from course_lib.paged import BlockPool
+from course_lib.paged import BlockPool, FreeOrder
 from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
 )
@@ -133,7 +133,7 @@ class PagedEngine:
     def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int = 16,
                  scheduler: SchedulerConfig | None = None, tokenizer: Any | None = None,
                  decode_attention: DecodeAttention = "triton", prefix_caching: bool = False,
-                 chunked_prefill: bool = True) -> None:
+                 chunked_prefill: bool = True, free_order: FreeOrder = "vllm") -> None:
         scheduler = scheduler or SchedulerConfig()
         if not isinstance(model, LlamaModel):
             raise ValueError(f"model must be a LlamaModel, got {type(model).__name__}")
@@ -149,7 +149,8 @@ class PagedEngine:
         self.model, self.tokenizer = model, tokenizer
         self.scheduler_config, self.decode_attention = scheduler, decode_attention
         kv = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                  num_layers=config.num_layers, dtype=model.dtype, device=model.device)
+                  num_layers=config.num_layers, dtype=model.dtype, device=model.device,
+                  free_order=free_order)
         pool_type = PrefixCachingBlockPool if prefix_caching else BlockPool
         self.core = ServingCore(scheduler, pool_type(num_blocks, block_size, **kv),
                                 chunked_prefill=chunked_prefill)

@@ -1,0 +1,132 @@
+"""The serving core's own contract (``course_lib.serving``): its two modes, what it refuses,
+and the pieces it added to the scheduler, the manager and the pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from course_lib.paged import BlockPool, PagedKVManager
+from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
+from course_lib.scheduler import Scheduler, SchedulerConfig
+from course_lib.serving import Sample, ServingCore, ServingRequest
+from course_lib.workload import Request
+
+
+def request(index: int, prompt: int, max_tokens: int, n: int = 1) -> ServingRequest:
+    """A request of ``prompt`` token ids unique to it."""
+    tokens = [1000 * index + j for j in range(prompt)]
+    samples = [Sample(f"r{index}.{k}", list(tokens)) for k in range(n)]
+    return ServingRequest(index, tuple(tokens), max_tokens, 0, samples)
+
+
+def draw(index: int, req: ServingRequest, sample: Sample) -> None:
+    req.append_token(sample, 7, ())
+
+
+def test_advance_takes_a_draw_in_eager_mode_and_none_in_lazy_mode() -> None:
+    for lazy in (False, True):
+        core = ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=lazy)
+        core.add(request(0, 3, 2))
+        schedule = core.schedule()
+        with pytest.raises(ValueError, match="a draw in eager mode and none in lazy mode"):
+            core.advance(schedule, None if not lazy else draw)
+
+
+def test_swap_is_refused_for_a_pool_with_kv_and_bad_settings_are_named() -> None:
+    with pytest.raises(ValueError, match="preemption='swap' is modelled only for pools without"):
+        ServingCore(SchedulerConfig(preemption="swap"),
+                    BlockPool(8, 4, num_kv_heads=1, head_dim=4, num_layers=1))
+    with pytest.raises(ValueError, match="lazy must be a bool, got 1"):
+        ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=1)  # type: ignore[arg-type]
+    core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
+    with pytest.raises(ValueError, match="request id 3 is not the next one"):
+        core.add(request(3, 2, 2))
+    with pytest.raises(ValueError, match="max_tokens must be"):
+        core.add(request(0, 2, 0))
+    assert not core.requests and not core.unfinished
+
+
+def test_the_last_token_never_counts_against_the_pool() -> None:
+    """A 5-token prompt with 4 new tokens holds at most 8 tokens of K/V: 2 blocks of 4."""
+    core = ServingCore(SchedulerConfig(), BlockPool(3, 4))
+    core.check_fits(request(0, 5, 4))
+    with pytest.raises(ValueError, match="needs up to 3 blocks but the pool has 2"):
+        core.check_fits(request(0, 5, 5))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_decodes_sit_out_a_step_when_they_alone_exceed_the_budget(lazy: bool) -> None:
+    """Four samples of one request, a budget of 3 tokens: one decode waits each step, the
+    budget always holds, and every sample still gets all its tokens."""
+    core = ServingCore(SchedulerConfig(max_num_batched_tokens=3), BlockPool(16, 4), lazy=lazy)
+    core.add(request(0, 3, 5, n=4))
+    steps = 0
+    while core.unfinished:
+        schedule = core.schedule()
+        assert schedule.num_tokens <= 3
+        core.retire(core.advance(schedule, None if lazy else draw))
+        steps += 1
+    assert [len(s.tokens) for s in core.requests[0].samples] == [8] * 4
+    assert core.pool.num_used == 0 and steps > 5
+
+
+def test_a_lazy_core_touches_a_decode_only_at_its_events() -> None:
+    """Between block claims a lazy decode is not listed and its tokens catch up later."""
+    core = ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=True)
+    core.add(request(0, 3, 9))
+    listed = []
+    while core.unfinished:
+        schedule = core.schedule()
+        listed.append(len(schedule.chunks))
+        assert schedule.num_tokens == (3 if core.clock == 0 else 1)
+        core.retire(core.advance(schedule))
+    # the prefill, then claims only for positions 4 and 8 (blocks of 4), in steps 2 and 6
+    assert listed == [1, 0, 1, 0, 0, 0, 1, 0, 0]
+    assert len(core.requests[0].samples[0].tokens) == 12 and core.pool.num_used == 0
+
+
+def test_scheduler_claim_keys_follow_the_policy() -> None:
+    trace = [Request(0, 1, 1, priority=2), Request(1, 1, 1, priority=0),
+             Request(2, 1, 1, priority=1)]
+    for policy, order in (("fcfs", [0, 1, 2]), ("priority", [1, 2, 0])):
+        scheduler = Scheduler(SchedulerConfig(policy=policy), trace)
+        for index in range(3):
+            scheduler.arrive(index)
+        admitted = [scheduler.admit_next() for _ in range(3)]
+        assert sorted(admitted, key=scheduler.claim_key) == order == scheduler.claim_order()
+        assert scheduler.in_claim_order(reversed(admitted)) == order
+        assert [scheduler.admission_rank(i) for i in admitted] == [1, 2, 3]
+    with pytest.raises(ValueError, match="request 5 is not running"):
+        scheduler.claim_key(5)
+    with pytest.raises(ValueError, match=r"not all of \[0, 5\] are running"):
+        scheduler.in_claim_order([0, 5])
+
+
+def test_the_manager_says_which_sequences_it_holds() -> None:
+    manager = PagedKVManager(BlockPool(4, 2))
+    manager.add_sequence("a", 3)
+    assert manager.holds("a") and not manager.holds("b")
+
+
+def test_known_hashes_save_work_and_change_nothing() -> None:
+    tokens = list(range(12))
+    chain = block_hashes(tokens, 4)
+    plain, known = (PrefixCachingKVManager(PrefixCachingBlockPool(8, 4)) for _ in range(2))
+    plain.add_sequence("a", token_ids=tokens)
+    known.add_sequence("a", token_ids=tokens, known=chain[:2])
+    assert plain.snapshot() == known.snapshot()
+    with pytest.raises(ValueError, match="4 known hashes for 12 tokens"):
+        known.add_sequence("b", token_ids=tokens, known=chain + chain[:1])
+    with pytest.raises(ValueError, match="known hash must be a 32-byte block hash"):
+        known.add_sequence("b", token_ids=tokens, known=[b"short"])
+    assert known.sequences == ("a",)
+
+
+@pytest.mark.parametrize(("ids", "message"), [(range(-1, 3), "token id must be"),
+                                              (range(2**64 - 1, 2**64 + 1), "below 2\\*\\*64")])
+def test_a_range_of_token_ids_is_checked_by_its_ends(ids: range, message: str) -> None:
+    manager = PagedKVManager(BlockPool(4, 2))
+    with pytest.raises(ValueError, match=message):
+        manager.add_sequence("a", token_ids=ids)
+    manager.add_sequence("a", token_ids=range(3))
+    assert manager.seq_len("a") == 3
