@@ -26,10 +26,10 @@ from course_lib.engine import (
     random_model,
     tiny_config,
 )
-from course_lib.serving import ServingCore
 from course_lib.engine.requests import prepare_request
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
+from course_lib.serving import ServingCore
 
 GREEDY = SamplingParams(max_tokens=5)
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18, 19]  # a shared "system prompt": 2 full blocks of 4
