@@ -258,8 +258,6 @@ class ServingCore:
         held = self._hold_over_budget(budget)
         step = _Step(budget, held)
         self._schedule_running(step)
-        if not self.lazy:
-            self._list_quiet_decodes(step)
         admitted = [] if step.preempted else self._admit(step)
         decodes = len(self._decoding) - len(held)
         if not (decodes or step.chunks or step.preempted) and self.unfinished:
@@ -330,15 +328,17 @@ class ServingCore:
 
     def _schedule_running(self, step: _Step) -> None:
         """Give the running requests that need memory their chunks, most protected first,
-        preempting victims while the pool lacks blocks."""
-        scheduler, due, prefilling = self.scheduler, self._due_now(step.held), self._prefilling
-        claimants = due.keys() | prefilling.keys() if prefilling else due
+        preempting victims while the pool lacks blocks. In eager mode every decode is
+        listed; in lazy mode only those due (see the module)."""
+        scheduler, prefilling = self.scheduler, self._prefilling
+        decodes = self._due_now(step.held) if self.lazy else self._all_decodes(step.held)
+        claimants = decodes.keys() | prefilling.keys() if prefilling else decodes
         for index in scheduler.in_claim_order(claimants):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
             request = self.requests[index]
             plan = [self._decode_chunk(request, request.samples[self._decoding[s].position])
-                    for s in due.get(index, ())]
+                    for s in decodes.get(index, ())]
             if index in prefilling:
                 plan += self._plan(request, step.left(len(self._decoding)), decoding=False)
             if not plan:
@@ -351,12 +351,15 @@ class ServingCore:
                 if index in victims:
                     continue
             self._claim(plan, step)
-            for chunk in plan:
-                if chunk.decode:
-                    self._register_due(chunk.sample.seq_id, self.clock + 1, chunk.start + 1)
+            if self.lazy:
+                for chunk in plan:
+                    if chunk.decode:
+                        self._register_due(chunk.sample.seq_id, self.clock + 1,
+                                           chunk.start + 1)
 
     def _due_now(self, held: set[str]) -> dict[int, list[str]]:
-        """This step's decodes that claim memory, by request, each caught up to now."""
+        """Lazy mode: this step's decodes that claim memory (or, with prefix caching, fill
+        a block), by request, each caught up to now."""
         due: dict[int, list[str]] = {}
         for seq_id in self._valid(self._due.get(self.clock, ())):
             if seq_id not in held:
@@ -364,17 +367,15 @@ class ServingCore:
                 due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
         return due
 
-    def _list_quiet_decodes(self, step: _Step) -> None:
-        """Eager mode: claim the slot of every other decode (it needs no new block) and
-        list all running chunks in claim order."""
-        claimed = {c.sample.seq_id for c in step.chunks}
+    def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
+        """Eager mode: every decode of this step, by request, in sample order."""
+        decodes: dict[int, list[str]] = {}
         for seq_id, decoding in self._decoding.items():
-            if seq_id not in claimed and seq_id not in step.held:
-                request = self.requests[decoding.request]
-                chunk = self._decode_chunk(request, request.samples[decoding.position])
-                self._claim([chunk], step)
-        key = self.scheduler.claim_key
-        step.chunks.sort(key=lambda c: (key(c.request.request_id), _position(c.request, c.sample)))
+            if seq_id not in held:
+                decodes.setdefault(decoding.request, []).append(seq_id)
+        for seq_ids in decodes.values():
+            seq_ids.sort(key=lambda s: self._decoding[s].position)
+        return decodes
 
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests while the limits, the budget and the free blocks allow."""
@@ -562,28 +563,34 @@ class ServingCore:
         self._register(sample.seq_id, self.clock + 1)
 
     def _register(self, seq_id: str, since: int) -> None:
-        """File a decoding sample, exact at the start of step ``since``, under the steps of
-        its next block claim and (lazy) its last token, with a fresh ticket."""
+        """Note that a decoding sample is exact at the start of step ``since``, with a fresh
+        ticket, and (lazy mode) file it under the steps of its next claim and last token."""
         decoding = self._decoding[seq_id]
         self._tickets += 1
         decoding.since, decoding.ticket = since, self._tickets
         request = self.requests[decoding.request]
         sample = request.samples[decoding.position]
+        if not self.lazy:
+            return
         table = self.manager.block_table(seq_id)
         shared = sample.computed % self.pool.block_size and self.pool.ref_count(table[-1]) > 1
         if shared:  # just forked: copy-on-write at once
             self._due.setdefault(since, []).append((seq_id, self._tickets))
         else:
             self._register_due(seq_id, since, sample.computed)
-        if self.lazy:
-            left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
-            self._ends.setdefault(since + left - 1, []).append((seq_id, self._tickets))
+        left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
+        self._ends.setdefault(since + left - 1, []).append((seq_id, self._tickets))
 
     def _register_due(self, seq_id: str, since: int, computed: int) -> None:
         """File a decoding sample with ``computed`` tokens at the start of step ``since``
-        under the step at which its next token starts a new block."""
-        step = since + (-computed) % self.pool.block_size
-        self._due.setdefault(step, []).append((seq_id, self._decoding[seq_id].ticket))
+        under the step at which its next token starts a new block; in lazy mode with
+        prefix caching, under the step that fills its last block if that comes first, so
+        the block gets its hash (and can be found) in the same step as in eager mode."""
+        size = self.pool.block_size
+        ahead = (-computed) % size
+        if isinstance(self.manager, PrefixCachingKVManager):
+            ahead = min(ahead, (size - 1 - computed) % size)
+        self._due.setdefault(since + ahead, []).append((seq_id, self._decoding[seq_id].ticket))
 
     def _valid(self, entries: Sequence[tuple[str, int]]) -> list[str]:
         """The sequence ids of bucket ``entries`` whose tickets are still current."""

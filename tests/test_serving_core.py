@@ -4,11 +4,14 @@ and the pieces it added to the scheduler, the manager and the pool."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
 from course_lib.scheduler import Scheduler, SchedulerConfig
 from course_lib.serving import Sample, ServingCore, ServingRequest
+from course_lib.simulator import Positions
 from course_lib.workload import Request
 
 
@@ -130,3 +133,64 @@ def test_a_range_of_token_ids_is_checked_by_its_ends(ids: range, message: str) -
         manager.add_sequence("a", token_ids=ids)
     manager.add_sequence("a", token_ids=range(3))
     assert manager.seq_len("a") == 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "add", "abort", "step", "step", "step"]),
+                              st.integers(1, 14), st.integers(1, 9), st.integers(1, 3),
+                              st.integers(0, 2)), min_size=8, max_size=40),
+       caching=st.booleans(), chunked=st.booleans(), budget=st.sampled_from([None, 6, 20]),
+       policy=st.sampled_from(["fcfs", "priority"]), block_size=st.sampled_from([2, 4]))
+def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunked: bool,
+                                                      budget: int | None, policy: str,
+                                                      block_size: int) -> None:
+    """Requests added at any time (parallel samples, shared prompts, priorities), aborts and
+    steps, chunked or not, under a budget: the lazy core (positions as tokens) makes every
+    decision the eager one makes with the same tokens drawn, and both drain clean."""
+    config = SchedulerConfig(policy=policy, max_num_batched_tokens=budget)  # type: ignore[arg-type]
+    pool_type = PrefixCachingBlockPool if caching else BlockPool
+    cores = [ServingCore(config, pool_type(10, block_size), chunked_prefill=chunked, lazy=lazy)
+             for lazy in (False, True)]
+    if budget is not None and not chunked:
+        ops = [op for op in ops if op[0] != "add" or op[1] + op[2] - 1 <= budget]
+
+    def step(core: ServingCore) -> tuple:
+        schedule = core.schedule()
+        new = core.advance(schedule, None if core.lazy else
+                           lambda i, r, s: r.append_token(s, len(s.tokens), ()))
+        done = [r.request_id for r, finished in core.retire(new) if finished]
+        return schedule.admitted, schedule.preempted, schedule.num_tokens, done
+
+    def add(core: ServingCore, prompt: int, max_tokens: int, n: int, priority: int) -> bool:
+        tokens = range(prompt)  # shared prefixes: every prompt starts 0, 1, 2, ...
+        index = len(core.requests)
+        samples = [Sample(f"r{index}.{k}", list(tokens) if not core.lazy else Positions(prompt))
+                   for k in range(n)]
+        queued = ServingRequest(index, tokens, max_tokens, priority, samples)
+        try:
+            core.check_fits(queued)
+        except ValueError:
+            return False
+        core.add(queued)
+        return True
+
+    for kind, a, b, c, d in ops:
+        if kind == "add":
+            assert len({add(core, a, b, c, d) for core in cores}) == 1
+        elif kind == "abort" and cores[0].unfinished:
+            victim = sorted(cores[0].unfinished)[a % len(cores[0].unfinished)]
+            for core in cores:
+                core.abort(victim)
+        elif kind == "step" and cores[0].unfinished:
+            assert step(cores[0]) == step(cores[1])
+        eager, lazy = cores
+        lazy.sync_all()
+        assert {s: eager.manager.block_table(s) for s in eager.manager.sequences} == {
+            s: lazy.manager.block_table(s) for s in lazy.manager.sequences}
+        assert eager.pool.free_blocks() == lazy.pool.free_blocks()
+    while cores[0].unfinished:
+        assert step(cores[0]) == step(cores[1])
+    for eager_request, lazy_request in zip(*(core.requests for core in cores), strict=True):
+        assert [list(s.tokens) for s in eager_request.samples] == [
+            list(s.tokens[:]) for s in lazy_request.samples]
+    assert all(core.pool.num_used == 0 and not core.unfinished for core in cores)
