@@ -80,11 +80,19 @@ def block_hashes(
     """
     check_int("block_size", block_size, 1)
     hashes = list(known)
+    extend_chain(hashes, token_ids, block_size, cache_salt)
+    return hashes
+
+
+def extend_chain(
+    hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, cache_salt: str | None
+) -> None:
+    """Append to ``hashes``, the chain of a prefix of ``token_ids``, the blocks that have
+    filled since (in place, so a growing sequence hashes each block once)."""
     for index in range(len(hashes), len(token_ids) // block_size):
         tokens = token_ids[index * block_size : (index + 1) * block_size]
         salt = (cache_salt,) if index == 0 and cache_salt is not None else ()
         hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, salt))
-    return hashes
 
 
 class PrefixCachingBlockPool(BlockPool):
@@ -284,9 +292,7 @@ class PrefixCachingKVManager(PagedKVManager):
         assert seq.token_ids is not None
         hashes = self._hashes[seq_id]
         done = len(hashes)
-        hashes[:] = block_hashes(
-            seq.token_ids, self.block_size, cache_salt=self._salts[seq_id], known=hashes
-        )
+        extend_chain(hashes, seq.token_ids, self.block_size, self._salts[seq_id])
         for index in range(done, len(hashes)):
             self.pool.cache_block(seq.table[index], hashes[index])
 

@@ -34,7 +34,10 @@ it claims a block, is preempted, or reaches ``max_tokens``. A step then costs wo
 its events, which is how 3,000 chats of a million decode tokens run in about a second. In
 lazy mode a sample's new tokens are its positions (the caller draws nothing), and only the
 chunks that claimed memory are listed; the eager mode (the engine's) lists every chunk and
-calls ``draw`` for every token.
+calls ``draw`` for every token. A lazy decode's full block gets its hash only when the core
+next touches it, which no one can notice if no one else could look for it: with prefix
+caching, a lazy core takes one sample per request and a cache salt of its own (as the
+simulator's requests are), and refuses anything else.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from course_lib.prefix_cache import (
     BlockHash,
     PrefixCachingBlockPool,
     PrefixCachingKVManager,
-    block_hashes,
+    extend_chain,
 )
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
 from course_lib.validate import check_int
@@ -184,6 +187,7 @@ class ServingCore:
         self.unfinished: dict[int, None] = {}
         self.clock = 0  # steps scheduled so far
         self._owner: dict[str, int] = {}  # every sample's request
+        self._salts: set[str] = set()  # lazy mode with prefix caching: every salt seen
         self._decoding: dict[str, _Decoding] = {}
         self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
         self._chains: dict[str, list[BlockHash]] = {}  # prefix caching: hashes per sample
@@ -216,6 +220,7 @@ class ServingCore:
             raise ValueError(f"request id {request.request_id} is not the next one "
                              f"({len(self.requests)})")
         check_int("max_tokens", request.max_tokens, 1)
+        self._check_private(request)
         self.scheduler.add(Request(request.request_id, len(request.prompt),
                                    request.max_tokens, arrival=request.request_id,
                                    priority=request.priority))
@@ -223,6 +228,21 @@ class ServingCore:
         self.unfinished[request.request_id] = None
         for sample in request.samples:
             self._owner[sample.seq_id] = request.request_id
+
+    def _check_private(self, request: ServingRequest) -> None:
+        """Lazy mode with prefix caching: refuse a request that could share a block with
+        another sequence (a second sample, or a cache salt that is missing or not its
+        own). A lazy decode's block gets its hash only when the core next touches it, which
+        nobody can notice only if nobody else could look for that block."""
+        if not self.lazy or not isinstance(self.manager, PrefixCachingKVManager):
+            return
+        salt = request.cache_salt
+        if len(request.samples) != 1 or salt is None or salt in self._salts:
+            raise ValueError(f"request {request.request_id}: a lazy core with prefix caching "
+                             f"takes one sample per request and a cache salt of its own "
+                             f"(the simulator's requests share nothing); got "
+                             f"{len(request.samples)} samples, cache_salt={salt!r}")
+        self._salts.add(salt)
 
     def abort(self, request_id: int) -> ServingRequest:
         """Stop an unfinished request: free its blocks, end its samples with ``"abort"``."""
@@ -358,8 +378,8 @@ class ServingCore:
                                            chunk.start + 1)
 
     def _due_now(self, held: set[str]) -> dict[int, list[str]]:
-        """Lazy mode: this step's decodes that claim memory (or, with prefix caching, fill
-        a block), by request, each caught up to now."""
+        """Lazy mode: this step's decodes that claim memory, by request, each caught up to
+        now."""
         due: dict[int, list[str]] = {}
         for seq_id in self._valid(self._due.get(self.clock, ())):
             if seq_id not in held:
@@ -437,12 +457,10 @@ class ServingCore:
     def _chain(self, request: ServingRequest, sample: Sample, blocks: int) -> list[BlockHash]:
         """The hashes of ``sample``'s first ``blocks`` full blocks, kept per sample as vLLM
         keeps them on the request, so a waiting request is not hashed again every step."""
-        size, known = self.pool.block_size, self._chains.get(sample.seq_id, [])
-        if len(known) < blocks:
-            known = block_hashes(sample.tokens[: blocks * size], size,
-                                 cache_salt=request.cache_salt, known=known)
-            self._chains[sample.seq_id] = known
-        return known[:blocks]
+        size, chain = self.pool.block_size, self._chains.setdefault(sample.seq_id, [])
+        if len(chain) < blocks:
+            extend_chain(chain, sample.tokens[: blocks * size], size, request.cache_salt)
+        return chain[:blocks]
 
     def _blocks_for(self, plan: list[Chunk]) -> int:
         """Free blocks claiming ``plan``'s slots takes (copies of shared blocks included)."""
@@ -583,14 +601,9 @@ class ServingCore:
 
     def _register_due(self, seq_id: str, since: int, computed: int) -> None:
         """File a decoding sample with ``computed`` tokens at the start of step ``since``
-        under the step at which its next token starts a new block; in lazy mode with
-        prefix caching, under the step that fills its last block if that comes first, so
-        the block gets its hash (and can be found) in the same step as in eager mode."""
-        size = self.pool.block_size
-        ahead = (-computed) % size
-        if isinstance(self.manager, PrefixCachingKVManager):
-            ahead = min(ahead, (size - 1 - computed) % size)
-        self._due.setdefault(since + ahead, []).append((seq_id, self._decoding[seq_id].ticket))
+        under the step at which its next token starts a new block."""
+        step = since + (-computed) % self.pool.block_size
+        self._due.setdefault(step, []).append((seq_id, self._decoding[seq_id].ticket))
 
     def _valid(self, entries: Sequence[tuple[str, int]]) -> list[str]:
         """The sequence ids of bucket ``entries`` whose tickets are still current."""

@@ -766,9 +766,8 @@ class _PagedRun(_Run):
         prefilled, size = 0, self.config.block_size
         for chunk in schedule.chunks:
             i = self.index[chunk.request.request_id]
-            if chunk.decode:  # a claim, or (with prefix caching) a block filling
-                if chunk.start % size == 0:
-                    self._grew(i, t, chunk.start, chunk.sample.seq_id)
+            if chunk.decode:  # a claim of one block (nothing is shared, so no copy)
+                self._grew(i, t, chunk.start, chunk.sample.seq_id)
                 continue
             table = self.core.manager.block_table(chunk.sample.seq_id)
             length = chunk.start + chunk.count - 1  # the guide's: before the step's token

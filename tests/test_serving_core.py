@@ -49,6 +49,23 @@ def test_swap_is_refused_for_a_pool_with_kv_and_bad_settings_are_named() -> None
     assert not core.requests and not core.unfinished
 
 
+def test_a_lazy_caching_core_takes_only_requests_that_share_nothing() -> None:
+    core = ServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4), lazy=True)
+    mine = request(0, 3, 2)
+    for bad, why in ((request(0, 3, 2, n=2), "2 samples, cache_salt=None"),
+                     (mine, "1 samples, cache_salt=None")):
+        with pytest.raises(ValueError, match=f"one sample per request .* got {why}"):
+            core.add(bad)
+    mine.cache_salt = "a"
+    core.add(mine)
+    again = request(1, 3, 2)
+    again.cache_salt = "a"
+    with pytest.raises(ValueError, match="cache_salt='a'"):
+        core.add(again)
+    assert len(core.requests) == 1
+    ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=True).add(request(0, 3, 2, n=2))
+
+
 def test_the_last_token_never_counts_against_the_pool() -> None:
     """A 5-token prompt with 4 new tokens holds at most 8 tokens of K/V: 2 blocks of 4."""
     core = ServingCore(SchedulerConfig(), BlockPool(3, 4))
@@ -144,9 +161,10 @@ def test_a_range_of_token_ids_is_checked_by_its_ends(ids: range, message: str) -
 def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunked: bool,
                                                       budget: int | None, policy: str,
                                                       block_size: int) -> None:
-    """Requests added at any time (parallel samples, shared prompts, priorities), aborts and
-    steps, chunked or not, under a budget: the lazy core (positions as tokens) makes every
-    decision the eager one makes with the same tokens drawn, and both drain clean."""
+    """Requests added at any time (parallel samples without caching, a salt each with it,
+    priorities), aborts and steps, chunked or not, under a budget: the lazy core (positions
+    as tokens) makes every decision the eager one makes with the same tokens drawn, and
+    both drain clean."""
     config = SchedulerConfig(policy=policy, max_num_batched_tokens=budget)  # type: ignore[arg-type]
     pool_type = PrefixCachingBlockPool if caching else BlockPool
     cores = [ServingCore(config, pool_type(10, block_size), chunked_prefill=chunked, lazy=lazy)
@@ -162,11 +180,12 @@ def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunke
         return schedule.admitted, schedule.preempted, schedule.num_tokens, done
 
     def add(core: ServingCore, prompt: int, max_tokens: int, n: int, priority: int) -> bool:
-        tokens = range(prompt)  # shared prefixes: every prompt starts 0, 1, 2, ...
+        tokens = range(prompt)  # without caching, every prompt starts 0, 1, 2, ...
         index = len(core.requests)
+        n, salt = (1, f"request {index}") if caching else (n, None)  # a lazy core's terms
         samples = [Sample(f"r{index}.{k}", list(tokens) if not core.lazy else Positions(prompt))
                    for k in range(n)]
-        queued = ServingRequest(index, tokens, max_tokens, priority, samples)
+        queued = ServingRequest(index, tokens, max_tokens, priority, samples, cache_salt=salt)
         try:
             core.check_fits(queued)
         except ValueError:
