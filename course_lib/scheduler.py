@@ -43,7 +43,7 @@ class SchedulerConfig:
       plus the tokens generated so far again on resumption; ``"swap"`` copies its blocks to
       CPU swap space and back, falling back to recompute when swap space is full.
     * ``max_num_seqs``: most requests running in one step (None: no limit).
-    * ``max_num_batched_tokens``: most tokens one step processes, one per decoding request
+    * ``max_num_batched_tokens``: most tokens one step processes, one per decoding sample
       plus every prefilled token (None: no limit). Without chunked prefill, which the
       simulator does not model, it must be at least the longest allowed request (vLLM
       enforces the same), or a long prompt could never start.
@@ -137,9 +137,10 @@ class SwapSpace:
 class Scheduler:
     """The waiting queue and the running set, in the order the policy needs them.
 
-    Requests are referred to by their index in the trace given to the constructor. The
-    running set keeps admission order (oldest first), which is also the order in which
-    running requests claim new blocks in a step.
+    Requests are referred to by their index in the trace given to the constructor (or
+    the order ``add`` gave them). The running set keeps admission order (oldest first);
+    running requests claim memory in ``claim_order``, which is that order under ``"fcfs"``
+    and priority order under ``"priority"``.
     """
 
     def __init__(self, config: SchedulerConfig, requests: Sequence[Request]) -> None:

@@ -23,8 +23,9 @@ Then, unless someone was preempted, waiting requests are admitted while the limi
 budget and the free blocks allow; with prefix caching, a prompt's cached full blocks are
 taken as they are and only the rest is computed (at least the last token). With
 ``preemption="swap"`` a victim's blocks go to CPU swap space when it has room, and it comes
-back with its K/V instead of recomputing them (for pools without K/V: the engine copies
-none, like vLLM v1, which dropped swapping).
+back with its K/V instead of recomputing them (for pools without K/V and requests of one
+sample, as the simulator's are: the engine copies no K/V, like vLLM v1, which dropped
+swapping).
 
 ``lazy=True`` is the simulator's mode. A decode that needs no new block changes nothing in
 the pool, so the core does not touch it: it keeps, per decoding sample, the step at which
@@ -33,7 +34,8 @@ table, which hashes the blocks that filled) up only when something happens to th
 it claims a block, is preempted, or reaches ``max_tokens``. A step then costs work only for
 its events, which is how 3,000 chats of a million decode tokens run in about a second. In
 lazy mode a sample's new tokens are its positions (the caller draws nothing), and only the
-chunks that claimed memory are listed; the eager mode (the engine's) lists every chunk and
+prefill chunks and the decodes that claim a block are listed; the eager mode (the engine's)
+lists every chunk and
 calls ``draw`` for every token. A lazy decode's full block gets its hash only when the core
 next touches it, which no one can notice if no one else could look for it: with prefix
 caching, a lazy core takes one sample per request and a cache salt of its own (as the
@@ -132,9 +134,9 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Schedule:
-    """What one step computes: the chunks (in lazy mode only those that claimed memory),
-    every token it computes, the requests admitted and preempted, and the blocks moved to
-    and from swap space by request."""
+    """What one step computes: the chunks (in lazy mode only prefill chunks and the decodes
+    that claim a block), every token it computes, the requests admitted and preempted, and
+    the blocks moved to and from swap space by request."""
 
     chunks: tuple[Chunk, ...]
     num_tokens: int
@@ -220,7 +222,7 @@ class ServingCore:
             raise ValueError(f"request id {request.request_id} is not the next one "
                              f"({len(self.requests)})")
         check_int("max_tokens", request.max_tokens, 1)
-        self._check_private(request)
+        self._check_supported(request)
         self.scheduler.add(Request(request.request_id, len(request.prompt),
                                    request.max_tokens, arrival=request.request_id,
                                    priority=request.priority))
@@ -229,11 +231,16 @@ class ServingCore:
         for sample in request.samples:
             self._owner[sample.seq_id] = request.request_id
 
-    def _check_private(self, request: ServingRequest) -> None:
-        """Lazy mode with prefix caching: refuse a request that could share a block with
-        another sequence (a second sample, or a cache salt that is missing or not its
-        own). A lazy decode's block gets its hash only when the core next touches it, which
-        nobody can notice only if nobody else could look for that block."""
+    def _check_supported(self, request: ServingRequest) -> None:
+        """Refuse what the core does not model: swapping a request of several samples, and,
+        in lazy mode with prefix caching, a request that could share a block with another
+        sequence (a second sample, or a cache salt missing or not its own): a lazy decode's
+        block gets its hash only when the core next touches it, which nobody can notice
+        only if nobody else could look for that block."""
+        if self.swap is not None and len(request.samples) != 1:
+            raise ValueError(f"request {request.request_id}: preemption='swap' is modelled for "
+                             f"requests of one sample (the simulator's); got "
+                             f"{len(request.samples)} samples")
         if not self.lazy or not isinstance(self.manager, PrefixCachingKVManager):
             return
         salt = request.cache_salt
@@ -279,7 +286,7 @@ class ServingCore:
         step = _Step(budget, held)
         self._schedule_running(step)
         admitted = [] if step.preempted else self._admit(step)
-        decodes = len(self._decoding) - len(held)
+        decodes = self._decodes(step)
         if not (decodes or step.chunks or step.preempted) and self.unfinished:
             raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
                                f"waits but cannot be admitted into an idle server; a bug")
@@ -360,7 +367,7 @@ class ServingCore:
             plan = [self._decode_chunk(request, request.samples[self._decoding[s].position])
                     for s in decodes.get(index, ())]
             if index in prefilling:
-                plan += self._plan(request, step.left(len(self._decoding)), decoding=False)
+                plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
             if not plan:
                 continue
             if self._blocks_for(plan) > self.pool.num_free:
@@ -376,6 +383,11 @@ class ServingCore:
                     if chunk.decode:
                         self._register_due(chunk.sample.seq_id, self.clock + 1,
                                            chunk.start + 1)
+
+    def _decodes(self, step: _Step) -> int:
+        """Decodes this step computes: the decoding samples, less those held back (a held
+        sample whose request was preempted since is no longer decoding at all)."""
+        return len(self._decoding) - len(step.held & self._decoding.keys())
 
     def _due_now(self, held: set[str]) -> dict[int, list[str]]:
         """Lazy mode: this step's decodes that claim memory, by request, each caught up to
@@ -400,12 +412,12 @@ class ServingCore:
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests while the limits, the budget and the free blocks allow."""
         scheduler, admitted = self.scheduler, []
-        while (budget := step.left(len(self._decoding))) and \
+        while (budget := step.left(self._decodes(step))) and \
                 (index := scheduler.next_waiting()) is not None:
             request = self.requests[index]
             plan = self._plan(request, budget, decoding=request.swapped)
             cost = sum(c.count for c in plan)
-            if (not plan or not scheduler.admits(cost, 0)
+            if (not plan or not scheduler.admits(cost, self._decodes(step) + step.prefill)
                     or self._blocks_for(plan) > self.pool.num_free):
                 break
             scheduler.admit_next()
@@ -706,10 +718,9 @@ class _Step:
     swapped_out: dict[int, int] = field(default_factory=dict)
     swapped_in: dict[int, int] = field(default_factory=dict)
 
-    def left(self, decoding: int) -> int:
-        """Budget left for prefill chunks, with ``decoding`` samples decoding (less those
-        held back)."""
-        return max(0, self.budget - (decoding - len(self.held)) - self.prefill)
+    def left(self, decodes: int) -> int:
+        """Budget left for prefill chunks when ``decodes`` tokens are decoded."""
+        return max(0, self.budget - decodes - self.prefill)
 
 
 def _position(request: ServingRequest, sample: Sample) -> int:

@@ -34,7 +34,7 @@ token its step writes. The simulator knows lengths, not token ids, so a request'
 are its positions and its id is its cache salt: only the request itself can find its
 blocks, and running requests never share one (sharing is chapter 04's). Admission is
 unchanged (a cached free block is still a free block), so the schedule changes only where
-a token budget or a time cost sees the tokens no longer prefilled.
+a token budget sees the tokens no longer prefilled; a cost model's times change too.
 """
 
 from __future__ import annotations

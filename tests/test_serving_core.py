@@ -90,6 +90,37 @@ def test_decodes_sit_out_a_step_when_they_alone_exceed_the_budget(lazy: bool) ->
     assert core.pool.num_used == 0 and steps > 5
 
 
+def test_a_preempted_request_s_held_decodes_free_budget_for_others() -> None:
+    """Priority, a budget of 3: seven decoding samples, so four sit out; then a claim
+    preempts the request those held samples belong to. The step must still count only the
+    decodes that run (an earlier version handed the prefills the held samples' share and
+    computed 4 tokens)."""
+    core = ServingCore(SchedulerConfig(policy="priority", max_num_batched_tokens=3),
+                       BlockPool(8, 4))
+    arrivals = {0: (6, 1, 8, 1), 1: (4, 2, 1, 0), 2: (3, 3, 4, 0), 3: (8, 2, 4, 0)}
+    clock = preempted = 0
+    while arrivals or core.unfinished:
+        if clock in arrivals:
+            prompt, n, max_tokens, priority = arrivals.pop(clock)
+            queued = request(len(core.requests), prompt, max_tokens, n=n)
+            queued.priority = priority
+            core.add(queued)
+        schedule = core.schedule()
+        assert schedule.num_tokens == sum(c.count for c in schedule.chunks) <= 3
+        preempted += len(schedule.preempted)
+        core.retire(core.advance(schedule, draw))
+        clock += 1
+    assert preempted and core.pool.num_used == 0
+
+
+def test_swap_takes_only_requests_of_one_sample() -> None:
+    core = ServingCore(SchedulerConfig(preemption="swap"), BlockPool(8, 4))
+    with pytest.raises(ValueError, match="preemption='swap' is modelled for requests of one"):
+        core.add(request(0, 3, 2, n=2))
+    core.add(request(0, 3, 2))
+    assert len(core.requests) == 1
+
+
 def test_a_lazy_core_touches_a_decode_only_at_its_events() -> None:
     """Between block claims a lazy decode is not listed and its tokens catch up later."""
     core = ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=True)
@@ -174,6 +205,9 @@ def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunke
 
     def step(core: ServingCore) -> tuple:
         schedule = core.schedule()
+        if not core.lazy:  # every chunk is listed: they add up to the step, within budget
+            assert schedule.num_tokens == sum(c.count for c in schedule.chunks)
+            assert budget is None or schedule.num_tokens <= budget
         new = core.advance(schedule, None if core.lazy else
                            lambda i, r, s: r.append_token(s, len(s.tokens), ()))
         done = [r.request_id for r, finished in core.retire(new) if finished]

@@ -1,10 +1,11 @@
 """The capstone: a small Llama-architecture model served from the paged KV cache.
 
 ``model`` is the decoder, ``loading`` brings Hugging Face weights into it, ``sampling``
-picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``core`` is the
-model-free half of serving (scheduling and block tables, as vLLM v1's scheduler and
-KV-cache manager), ``engine`` adds the model and sampling to it, and ``contiguous`` is
-ordinary generation, the baseline the engine's outputs must equal.
+picks tokens, ``paged_forward`` connects a forward pass to the block pool, ``engine`` adds
+the model and sampling to the model-free half of serving (``course_lib.serving``: scheduling
+and block tables, as vLLM v1's scheduler and KV-cache manager, which the simulator drives
+too), and ``contiguous`` is ordinary generation, the baseline the engine's outputs must
+equal.
 ``python -m course_lib.engine.bench`` times both.
 """
 
