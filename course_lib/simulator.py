@@ -509,7 +509,6 @@ class _Tally:
     t0: int = 0            # step of the current admission
     slots: int = 0         # slots held now
     internal: int = 0      # of those, slots past the final length
-    finish: int = -1       # contiguous runs: step of the last token (-1: not running)
     first_step: int = -1
     done_step: int = -1
     preempted_at: int = -1
@@ -706,9 +705,7 @@ class _SlabRun(_Run):
             scheduler.admit_next()
             step_tokens += length + 1
             prefilled += length
-            finish = t + self.final[i] - length - 1
-            self.tally[i].finish = finish
-            self.finish_at.setdefault(finish, []).append(i)
+            self.finish_at.setdefault(t + self.final[i] - length - 1, []).append(i)
             self._admitted(i, t, length, where, slots)
         return False, prefilled
 
@@ -772,13 +769,15 @@ class _PagedRun(_Run):
             table = self.core.manager.block_table(chunk.sample.seq_id)
             length = chunk.start + chunk.count - 1  # the guide's: before the step's token
             swapped = schedule.swapped_in.get(chunk.request.request_id)
-            if self.tally[i].preempted_at >= 0:
+            resumed = self.tally[i].preempted_at >= 0
+            if resumed:
                 self.reused += len(chunk.hit or ()) * size
             if swapped is not None:
                 self._count_swap(swapped * size)
             else:
                 prefilled += chunk.count - 1
-                self.recomputed += (chunk.count - 1) * (self.tally[i].preempted_at >= 0)
+                if resumed:
+                    self.recomputed += chunk.count - 1
             self._admitted(i, t, length, table, len(table) * size, len(chunk.hit or ()))
         return bool(schedule.preempted), prefilled
 
