@@ -249,23 +249,25 @@ class Scheduler:
         """The running requests, most protected first: the reverse of the order in which
         ``victim`` would pick them, so a request is never preempted after it has claimed
         its memory for the step."""
-        if self.config.policy == "fcfs":
-            return list(self.running)
-        return sorted(self.running, key=self._keys.__getitem__)
+        return self.in_claim_order(self.running)
 
     def claim_key(self, index: int) -> tuple[int, ...]:
         """Where running request ``index`` stands in ``claim_order`` (smaller claims first)."""
         if index not in self.running:
             raise ValueError(f"request {index!r} is not running")
-        return (self._rank[index],) if self.config.policy == "fcfs" else self._keys[index]
+        return self._claim_key(index)
 
     def in_claim_order(self, indices: Iterable[int]) -> list[int]:
         """Running requests ``indices`` sorted as ``claim_order`` would have them."""
         chosen = list(indices)
         if not self.running.keys() >= set(chosen):
             raise ValueError(f"not all of {chosen!r} are running")
-        by = self._rank if self.config.policy == "fcfs" else self._keys
-        return sorted(chosen, key=by.__getitem__)
+        return sorted(chosen, key=self._claim_key)
+
+    def _claim_key(self, index: int) -> tuple[int, ...]:
+        """The claim order's key, for a running request: its admission under ``"fcfs"``,
+        its (priority, arrival, index) under ``"priority"``."""
+        return (self._rank[index],) if self.config.policy == "fcfs" else self._keys[index]
 
     def admission_rank(self, index: int) -> int:
         """How many admissions there had been when running request ``index`` was admitted:
