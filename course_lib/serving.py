@@ -311,8 +311,7 @@ class ServingCore:
                 self._finish_prefill(index, request, sample, draw, new_tokens)
         for seq_id in self._valid(self._ends.pop(step, ())):
             self._sync(seq_id, step + 1)
-            request = self.requests[self._owner[seq_id]]
-            sample = request.samples[self._decoding[seq_id].position]
+            sample = self._sample(seq_id)
             sample.finish_reason = "length"
             new_tokens[seq_id] = sample.tokens[-1]
         self._due.pop(step, None)
@@ -364,8 +363,7 @@ class ServingCore:
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
             request = self.requests[index]
-            plan = [self._decode_chunk(request, request.samples[self._decoding[s].position])
-                    for s in decodes.get(index, ())]
+            plan = [self._decode_chunk(request, self._sample(s)) for s in decodes.get(index, ())]
             if index in prefilling:
                 plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
             if not plan:
@@ -625,8 +623,7 @@ class ServingCore:
     def _sync(self, seq_id: str, step: int) -> None:
         """Catch a decoding sample and its block table up to the start of ``step``."""
         self._catch_up(seq_id, step)
-        decoding = self._decoding[seq_id]
-        sample = self.requests[decoding.request].samples[decoding.position]
+        sample = self._sample(seq_id)
         self._append(sample, sample.computed)
 
     def _catch_up(self, seq_id: str, step: int) -> None:
@@ -635,7 +632,7 @@ class ServingCore:
         decoding = self._decoding[seq_id]
         behind = step - decoding.since
         if behind:
-            sample = self.requests[decoding.request].samples[decoding.position]
+            sample = self._sample(seq_id)
             sample.tokens.extend(range(len(sample.tokens), len(sample.tokens) + behind))
             sample.computed += behind
             decoding.since = step
@@ -650,6 +647,11 @@ class ServingCore:
             self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
         else:
             self.manager.append_tokens(sample.seq_id, end - length)
+
+    def _sample(self, seq_id: str) -> Sample:
+        """The decoding sample ``seq_id``."""
+        decoding = self._decoding[seq_id]
+        return self.requests[decoding.request].samples[decoding.position]
 
     def sync_all(self) -> None:
         """Catch every decoding sample up to now (lazy mode), e.g. before a snapshot."""
