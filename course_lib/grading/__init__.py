@@ -47,13 +47,13 @@ def find_exercise(name: str) -> Exercise:
 def check(name: str, obj: Any) -> CheckResult:
     """Run exercise ``name``'s cases against ``obj``, show the report, return the result.
 
-    Under the instructor's grader the cases run once, in the grader's own harvest after
-    this cell, so here they are skipped and the result counts no case.
+    Under the instructor's grader the cases are not in the kernel: they arrive in the
+    grader's own harvest after this cell, so here they are skipped and the result counts no
+    case.
     """
-    exercise = find_exercise(name)
-    if os.environ.get(GRADING_ENV):
+    if os.environ.get(GRADING_ENV):  # the cases are not in this kernel: the grader ships them
         print(f"{name}: the instructor's grader runs this check itself")
-        return CheckResult(exercise.name, exercise.title, "not-solved", 0, 0)
-    result = evaluate(exercise, obj)
+        return CheckResult(str(name), "", "not-solved", 0, 0)
+    result = evaluate(find_exercise(name), obj)
     publish(result)
     return result

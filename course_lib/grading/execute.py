@@ -1,47 +1,39 @@
 """Run one submitted notebook in a sandboxed kernel and collect its harvests (grader side).
 
-The notebook runs in a fresh temporary folder holding only its own copy and a private copy
-of ``course_lib``, in a kernel started by ``sandbox.py`` (limits, Landlock, an unprivileged
-user when the grader is root). After each exercise's last ``check`` cell the grader adds a
-harvest cell (see ``harvest``); only that cell's JSON between a per-run nonce comes back.
-A wall-clock limit, an output cap and a process-tree kill bound every notebook.
+The notebook's code cells run in a kernel inside a bubblewrap sandbox (see ``sandbox``),
+driven by nbclient over Jupyter's ``ipc`` transport. After each exercise's last ``check``
+cell the grader adds a harvest cell carrying that exercise's cases (see ``harvest``); only
+that cell's JSON between a per-run nonce comes back. A wall-clock limit, an address-space
+limit and an output cap bound every notebook; ending the sandbox ends all it started.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import os
 import secrets
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nbformat
-import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_lib.grading import GRADING_ENV
-from course_lib.grading.source import GradedCheck
+from course_lib.grading.sandbox import Layout, kernel_argv, write_library
 from course_lib.limits import GRADER_MEMORY_MB
 
-MARK = "COURSE_GRADE_MARK"
-"""Environment variable every process of one notebook inherits: the process-tree kill's tag."""
-
 KERNEL = "course-grade-sandbox"
-_KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+UNAVAILABLE = "GradingUnavailable"
 
 
 @dataclass(frozen=True)
@@ -56,23 +48,21 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Sandbox:
-    """Where kernels run from: a snapshot of ``course_lib`` taken before any learner code."""
+class Kernel:
+    """How kernels start: the ``bwrap`` binary (None: no sandbox, trusted submissions only)
+    and the library copy the sandbox sees."""
 
     library: Mapping[str, bytes]
-    uid: int | None = None
+    bwrap: str | None
 
-    @classmethod
-    def snapshot(cls, uid: int | None = None) -> Sandbox:
-        """Read this ``course_lib`` into memory (no caches)."""
-        package = Path(__file__).resolve().parent.parent
-        files = {str(p.relative_to(package.parent)): p.read_bytes()
-                 for p in sorted(package.rglob("*.py")) if "__pycache__" not in p.parts}
-        return cls(files, uid)
 
-    def digest(self) -> str:
-        """A hash of the snapshot, to compare a notebook's copy against afterwards."""
-        return _digest(self.library.items())
+@dataclass(frozen=True)
+class Harvest:
+    """One exercise's harvest cell: the graded expression and the shipped cases."""
+
+    cell: int
+    expression: str
+    shipped: str
 
 
 @dataclass
@@ -87,87 +77,24 @@ class Execution:
     grader_problem: str = ""
 
 
-def _digest(items: Any) -> str:
-    sha = hashlib.sha256()
-    for name, data in sorted(items):
-        sha.update(name.encode() + b"\0" + data + b"\0")
-    return sha.hexdigest()
-
-
-def _library_digest(lib: Path) -> str:
-    return _digest((str(p.relative_to(lib)), p.read_bytes())
-                   for p in lib.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def harvest_source(name: str, check: GradedCheck, nonce: str) -> str:
+def harvest_source(name: str, harvest: Harvest, nonce: str) -> str:
     """The code of the cell the grader adds after exercise ``name``'s last check."""
     return ("from course_lib.grading.harvest import harvest as _course_harvest\n"
-            f"_course_harvest({name!r}, lambda: ({check.expression}), {nonce!r})")
+            f"_course_harvest({harvest.shipped!r}, lambda: ({harvest.expression}), {nonce!r})"
+            f"  # {name}")
 
 
-def with_harvests(notebook: Any, checks: Mapping[str, GradedCheck],
+def with_harvests(sources: list[str], harvests: Mapping[str, Harvest],
                   nonce: str) -> tuple[Any, dict[int, str]]:
-    """The notebook's code cells, outputs cleared, each graded check followed by its harvest."""
+    """A notebook of the code cells ``sources``, each graded check followed by its harvest."""
     cells, harvest_at = [], {}
-    for index, cell in enumerate(notebook.cells):
-        if cell.get("cell_type") != "code":
-            continue
-        cells.append(nbformat.v4.new_code_cell(str(cell.get("source", ""))))
-        for name, check in checks.items():
-            if check.cell == index:
+    for index, source in enumerate(sources):
+        cells.append(nbformat.v4.new_code_cell(source))
+        for name, harvest in harvests.items():
+            if harvest.cell == index:
                 harvest_at[len(cells)] = name
-                cells.append(nbformat.v4.new_code_cell(harvest_source(name, check, nonce)))
+                cells.append(nbformat.v4.new_code_cell(harvest_source(name, harvest, nonce)))
     return nbformat.v4.new_notebook(cells=cells), harvest_at
-
-
-def kill_tree(pid: int | None, mark: str, uid: int | None) -> None:
-    """End ``pid`` (the sandbox wrapper) with its descendants, every process tagged ``mark``
-    and every process of ``uid``, until none is left.
-
-    The wrapper is asked first: it kills and reaps everything below it, setsid'd orphans
-    included. Then whatever is left is stopped (so nothing forks away) and killed.
-    """
-    if pid is not None:
-        with contextlib.suppress(psutil.Error):
-            wrapper = psutil.Process(pid)
-            wrapper.terminate()
-            psutil.wait_procs([wrapper], timeout=3)
-    for _ in range(20):
-        live = [p for p in _tagged(pid, mark, uid) if _alive(p)]
-        if not live:
-            return
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for proc in live:
-                with contextlib.suppress(psutil.Error):
-                    proc.send_signal(sig)
-        deadline = time.monotonic() + 2
-        while any(map(_alive, live)) and time.monotonic() < deadline:
-            time.sleep(0.02)  # a killed orphan may stay a zombie: dead is enough
-
-
-def _tagged(pid: int | None, mark: str, uid: int | None) -> list[psutil.Process]:
-    """``pid`` and its descendants, and every other process tagged ``mark`` or run as ``uid``."""
-    me, found = os.getpid(), {}
-    if pid is not None:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            found.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-    for proc in psutil.process_iter(["uids", "status"]):
-        if proc.pid == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if uid is not None and proc.info["uids"] and proc.info["uids"].real == uid:
-            found[proc.pid] = proc
-            continue
-        with contextlib.suppress(psutil.Error):
-            if proc.environ().get(MARK) == mark:
-                found[proc.pid] = proc
-    return list(found.values())
-
-
-def _alive(proc: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return proc.status() != psutil.STATUS_ZOMBIE
-    return False
 
 
 class _LimitedClient(NotebookClient):
@@ -196,78 +123,76 @@ class _LimitedClient(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
 
-def _prepare(root: Path, sandbox: Sandbox, name: str, notebook: Any,
-             limits: Limits, mark: str) -> tuple[Path, dict[str, str]]:
-    """Lay out ``root``: lib/ (course_lib), work/ (the notebook), the kernel spec; the env."""
-    lib, work = root / "lib", root / "work"
-    for relative, data in sandbox.library.items():
-        (lib / relative).parent.mkdir(parents=True, exist_ok=True)
-        (lib / relative).write_bytes(data)
-    (work / "tmp").mkdir(parents=True)
-    nbformat.write(notebook, work / name)
-    sandbox_script = lib / "course_lib" / "grading" / "sandbox.py"
-    argv = [sys.executable, "-I", str(sandbox_script), "--memory-mb", str(limits.memory_mb),
-            "--file-mb", str(max(limits.output_mb, 64)), "--writable", str(work)]
-    if sandbox.uid is not None:
-        os.chmod(root, 0o755)
-        for path in [work, *work.rglob("*")]:
-            os.chown(path, sandbox.uid, sandbox.uid)
-        argv += ["--uid", str(sandbox.uid), "--own", "{connection_file}"]
-    argv += ["--", sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+def _kernel_env(layout: Layout) -> dict[str, str]:
+    """The kernel's whole environment: nothing of the grader's leaks in."""
+    work = layout.work
+    return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": str(work),
+            "TMPDIR": str(work / "tmp"), "PYTHONPATH": str(layout.library),
+            "IPYTHONDIR": str(work / ".ipython"), "MPLCONFIGDIR": str(work / ".mpl"),
+            "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "TRITON_CACHE_DIR": str(work / ".triton"), "JUPYTER_PLATFORM_DIRS": "1",
+            GRADING_ENV: "1"}
+
+
+def _prepare(root: Path, kernel: Kernel, limits: Limits) -> tuple[Layout, dict[str, str]]:
+    """Lay out ``root``: the library copy, the work folder, the run folder, the kernel spec;
+    return the layout and the environment the kernel is started with."""
+    layout = Layout(root / "lib", root / "work", root / "run")
+    write_library(kernel.library, layout.library)
+    (layout.work / "tmp").mkdir(parents=True)
+    layout.run.mkdir()
+    env = _kernel_env(layout)
+    argv = kernel_argv(kernel.bwrap, layout, limits.memory_mb, max(limits.output_mb, 64), env)
     spec = root / "kernels" / KERNEL
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps(
         {"argv": argv, "display_name": "sandbox", "language": "python"}))
-    env = {key: os.environ[key] for key in _KEEP_ENV if key in os.environ}
-    env |= {"HOME": str(work), "TMPDIR": str(work / "tmp"), "PYTHONPATH": str(lib),
-            "IPYTHONDIR": str(work / ".ipython"), "MPLCONFIGDIR": str(work / ".mpl"),
-            "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            "TRITON_CACHE_DIR": str(work / ".triton"), GRADING_ENV: "1", MARK: mark}
-    return work, env
+    return layout, env
 
 
-async def execute(name: str, notebook: Any, checks: Mapping[str, GradedCheck],
-                  limits: Limits, sandbox: Sandbox) -> Execution:
-    """Run ``notebook`` (saved as ``name``) in a sandboxed kernel; return its harvests."""
-    mark, nonce = secrets.token_hex(16), secrets.token_hex(16)
-    runnable, harvest_at = with_harvests(notebook, checks, nonce)
-    root = Path(tempfile.mkdtemp(prefix="course-grade-"))
+async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: Limits,
+                  kernel: Kernel) -> Execution:
+    """Run the code cells ``sources`` in a sandboxed kernel; return the harvests."""
+    nonce = secrets.token_hex(16)
+    runnable, harvest_at = with_harvests(sources, harvests, nonce)
+    root = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp" if Path("/tmp").is_dir() else None))
     result = Execution()
-    km, tampered = None, False
+    km = None
     try:
-        work, env = _prepare(root, sandbox, name, runnable, limits, mark)
-        km = AsyncKernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(
-            kernel_dirs=[str(root / "kernels")]))
-        km.connection_file = str(root / "connection.json")
-        await _run(km, runnable, harvest_at, limits, work, env, mark, sandbox, result)
+        layout, env = _prepare(root, kernel, limits)
+        km = AsyncKernelManager(kernel_name=KERNEL, transport="ipc", ip=str(layout.run / "k"),
+                                kernel_spec_manager=KernelSpecManager(
+                                    kernel_dirs=[str(root / "kernels")]))
+        km.connection_file = str(layout.run / "kernel.json")
+        await _run(km, runnable, harvest_at, limits, layout, env, result)
     finally:
-        pid = km.provisioner.pid if km is not None and km.provisioner else None
-        kill_tree(pid, mark, sandbox.uid)
         if km is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
-        tampered = (root / "lib").exists() and _library_digest(root / "lib") != sandbox.digest()
         shutil.rmtree(root, ignore_errors=True)
-    if tampered:
-        result.status, result.problem = "tampered", "changed its copy of course_lib"
-    else:
-        _read_harvests(runnable, harvest_at, nonce, result)
+    _read_harvests(runnable, harvest_at, nonce, result)
     return result
 
 
+async def _kill(km: AsyncKernelManager) -> None:
+    """End the sandbox: killing ``bwrap`` ends every process inside it."""
+    with contextlib.suppress(Exception):
+        await km.kill_kernel()
+
+
 async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, str],
-               limits: Limits, work: Path, env: dict[str, str], mark: str,
-               sandbox: Sandbox, result: Execution) -> None:
+               limits: Limits, layout: Layout, env: dict[str, str], result: Execution) -> None:
     """Start the kernel and run every cell under the limits, noting what went wrong."""
+    loop = asyncio.get_running_loop()
 
     def over() -> None:
-        kill_tree(km.provisioner.pid if km.provisioner else None, mark, sandbox.uid)
+        loop.create_task(_kill(km))
 
     client = _LimitedClient(runnable, harvest_at, limits, over, km=km, timeout=limits.timeout,
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,
                             startup_timeout=limits.startup)
     try:
-        await km.start_kernel(env=env, cwd=str(work), stdout=subprocess.DEVNULL,
+        await km.start_kernel(env=env, cwd=str(layout.work), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
         client.kc = km.client()
         client.kc.start_channels()
@@ -280,7 +205,7 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
     try:
         await asyncio.wait({task}, timeout=limits.timeout)
         if not task.done():  # the clock decides, whatever nbclient makes of the kill
-            over()
+            await _kill(km)
             result.status, result.problem = _why(TimeoutError(), limits)
             task.cancel()
         try:
@@ -307,14 +232,17 @@ def _why(error: BaseException, limits: Limits) -> tuple[str, str]:
 
 
 def _first_error(notebook: Any, harvest_at: Mapping[int, str], limits: Limits) -> str:
-    """The first error a learner cell raised (not an unsolved stub), for the reason column."""
+    """The first error a learner cell raised, for the reason column: not an unsolved stub,
+    and not the course's own code refusing while grading (a demo cell after a check)."""
     for index, cell in enumerate(notebook.cells):
         for output in cell.get("outputs", []) if index not in harvest_at else []:
-            if output.get("output_type") == "error" and output.get(
-                    "ename") != "NotImplementedError":
-                if output.get("ename") == "MemoryError":
-                    return f"MemoryError (memory limit {limits.memory_mb} MB)"
-                return f"{output.get('ename')}: {output.get('evalue')}"[:200]
+            name = output.get("ename")
+            if output.get("output_type") != "error" or name in ("NotImplementedError",
+                                                                UNAVAILABLE):
+                continue
+            if name == "MemoryError":
+                return f"MemoryError (memory limit {limits.memory_mb} MB)"
+            return f"{name}: {output.get('evalue')}"[:200]
     return ""
 
 

@@ -1,42 +1,35 @@
 """The instructor's grader: every learner, every exercise, scored in this process.
 
 Layout: ``SUBMISSIONS/<learner>/<NN_name>.ipynb`` (see ``submissions``). Each notebook runs in
-a sandboxed kernel (see ``execute``); what comes back is plain data that is validated here
-and judged against expected values computed here, in a process that never runs learner
-code. Every learner gets a row for every exercise of every graded chapter, with a reason
-whenever the score is not earned; one learner's files never stop the others' grading.
+a sandboxed kernel that holds no answer key (see ``sandbox`` and ``execute``). The cases
+(the course's fixed ones, and ones drawn from this run's seed) are built here and shipped
+into the kernel after the learner's cells ran; what comes back is plain data, validated and
+judged here against expected values that never leave this process. Every learner gets a
+row for every exercise of every chapter graded, with a reason whenever the score is not
+earned; one learner's files never stop the others' grading.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import dataclasses
-import hashlib
 import json
-import os
-from collections.abc import Awaitable, Callable, Sequence
+import secrets
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import nbformat
-
-from course_lib.grading import GRADED_CHAPTERS, chapter_exercises
+from course_lib.grading import chapter_exercises
 from course_lib.grading.check import Case, Exercise, judge
-from course_lib.grading.execute import Execution, Limits, Sandbox, execute
-from course_lib.grading.source import (
-    GradedCheck,
-    graded_checks,
-    parse_cells,
-    reads_solutions,
-    uses_reference,
-)
+from course_lib.grading.execute import Execution, Harvest, Kernel, Limits, execute
+from course_lib.grading.harvest import ship, uses_withheld
+from course_lib.grading.sandbox import check_available, is_exercise_module, library_copy
+from course_lib.grading.source import NotANotebook, code_cells, graded_checks, parse_cells
 from course_lib.grading.submissions import Inventory, Submission, find_submissions
 
 REFERENCE = "uses the reference implementation"
-SANDBOX_UID = 61000
-"""First of the unprivileged user ids kernels run as when the grader runs as root."""
+UNSANDBOXED = "no sandbox"
 
 
 @dataclass(frozen=True)
@@ -55,38 +48,66 @@ class GradeRow:
 
 @dataclass
 class GradeReport:
-    """All rows, and the problems of the grading itself (which make the exit status 1)."""
+    """All rows, the seed of the fresh cases, and the problems of the grading itself (which
+    make the exit status 1)."""
 
     rows: list[GradeRow] = field(default_factory=list)
+    seed: int = 0
     problems: list[str] = field(default_factory=list)
 
 
-def judge_harvest(text: str, exercise: Exercise, cases: Sequence[Case]) -> tuple[float, str, str]:
-    """(score, status, reason) from one harvest's JSON, validated strictly first."""
+@dataclass(frozen=True)
+class ChapterCases:
+    """One chapter's cases, built here: per exercise the cases and their shipped form."""
+
+    cases: Mapping[str, list[Case]]
+    shipped: Mapping[str, str]
+    library: Mapping[str, bytes]
+
+
+def exercise_cases(exercise: Exercise, seed: int) -> list[Case]:
+    """The fixed cases of ``exercise`` and those drawn from ``seed``."""
+    fresh = getattr(exercise, "fresh", None)
+    return [*exercise.cases(), *(fresh(seed) if fresh is not None else ())]
+
+
+def build_chapter(chapter: str, seed: int) -> ChapterCases:
+    """Every exercise's cases in ``chapter`` (expected values computed here), what is shipped
+    of them, and the library the chapter's sandbox sees."""
+    cases = {e.name: exercise_cases(e, seed) for e in chapter_exercises(chapter)}
+    modules = [module for name, module in sorted(sys.modules.items())
+               if is_exercise_module(name)]
+    return ChapterCases(cases, {name: ship(found, modules) for name, found in cases.items()},
+                        library_copy(chapter))
+
+
+def judge_harvest(text: str, cases: Sequence[Case]) -> tuple[float, str, str, str]:
+    """(score, status, reason, flag) from one harvest's JSON, validated strictly first."""
     try:
         payload = json.loads(text)
     except (ValueError, RecursionError):
-        return 0.0, "invalid result", "the harvest was not valid JSON"
-    calls = [case.call for case in cases]
-    if not isinstance(payload, dict) or payload.get("exercise") != exercise.name:
-        return 0.0, "invalid result", "the harvest named another exercise"
-    if payload.get("calls") != calls:
-        return 0.0, "invalid result", "the harvest ran other cases than the grader's"
-    extra = set(payload) - {"exercise", "calls"}
+        return 0.0, "invalid result", "the harvest was not valid JSON", ""
+    if not isinstance(payload, dict) or payload.get("calls") != [case.call for case in cases]:
+        return 0.0, "invalid result", "the harvest ran other cases than the grader's", ""
+    extra = set(payload) - {"calls"}
     if extra == {"not_solved"} and payload["not_solved"] is True:
-        return 0.0, "not solved", "not yet solved (NotImplementedError)"
+        return 0.0, "not solved", "not yet solved (NotImplementedError)", ""
     if extra == {"missing"} and isinstance(payload["missing"], str):
-        return 0.0, "check did not run", f"the graded object failed: {payload['missing'][:200]}"
+        return (0.0, "check did not run", f"the graded object failed: {payload['missing'][:200]}",
+                "")
     observations = payload.get("observations")
     if extra != {"observations"} or not _valid_observations(observations, len(cases)):
-        return 0.0, "invalid result", "the harvest's observations are malformed"
+        return 0.0, "invalid result", "the harvest's observations are malformed", ""
     results = [judge(case, obs) for case, obs in zip(cases, observations, strict=True)]
     passed = sum(r.passed for r in results)
+    withheld = [obs for obs in observations if uses_withheld(obs)]
+    flag, reason = ("reference", f"{REFERENCE}: {withheld[0]['shown'][:200]}") if withheld else (
+        "", "")
     if passed == len(cases):
-        return 1.0, "passed", ""
+        return 1.0, "passed", reason, flag
     failed = next(r for r in results if not r.passed)
-    return (passed / len(cases), "failed",
-            f"{passed}/{len(cases)} cases passed; first failure: {failed.call[:120]}")
+    reason = reason or f"{passed}/{len(cases)} cases passed; first failure: {failed.call[:120]}"
+    return passed / len(cases), "flagged" if flag else "failed", reason, flag
 
 
 def _valid_observations(observations: Any, count: int) -> bool:
@@ -113,83 +134,63 @@ def _valid_observations(observations: Any, count: int) -> bool:
     return True
 
 
-def _exercise_rows(sub: Submission, exercises: Sequence[Exercise],
-                   cases: dict[str, list[Case]], trees: Sequence[ast.Module | None],
-                   checks: dict[str, GradedCheck], execution: Execution) -> list[GradeRow]:
+def _exercise_row(base: GradeRow, harvested: bool, execution: Execution,
+                  judged: Callable[[], tuple[float, str, str, str]]) -> GradeRow:
+    """The row of one exercise whose check the notebook calls."""
+    if harvested:
+        score, status, reason, flag = judged()
+        if score < 1 and execution.first_error and not flag:
+            reason += f" (the notebook raised {execution.first_error})"
+        if execution.status:  # scored before the notebook stopped: say so
+            note = f"then the notebook {execution.problem}"
+            reason = f"{reason}; {note}" if reason else note
+        return dataclasses.replace(base, score=score, status=status, reason=reason, flag=flag)
+    if execution.status:
+        return dataclasses.replace(base, status=execution.status, reason=execution.problem)
+    why = execution.first_error or "the harvest after its check printed no result"
+    return dataclasses.replace(base, status="check did not run", reason=why)
+
+
+def _rows(sub: Submission, exercises: Sequence[Exercise], cases: ChapterCases,
+          checks: Mapping[str, Any], execution: Execution) -> list[GradeRow]:
     """One row per exercise of the submitted chapter."""
-    reads = reads_solutions(trees)
     rows = []
     for exercise in exercises:
         base = GradeRow(sub.learner, sub.chapter, sub.name, exercise.name, 0.0, "")
-        check = checks.get(exercise.name)
-        if check is None:
+        if exercise.name not in checks:
             rows.append(dataclasses.replace(base, status="check did not run", reason=(
                 f'the notebook has no check("{exercise.name}", ...) call')))
-        elif reads or uses_reference(trees, check, exercise.reference):
-            rows.append(dataclasses.replace(base, status="flagged", reason=REFERENCE,
-                                            flag="reference"))
-        elif exercise.name in execution.harvests:
-            score, status, reason = judge_harvest(execution.harvests[exercise.name], exercise,
-                                                  cases[exercise.name])
-            if score < 1 and execution.first_error:
-                reason += f" (the notebook raised {execution.first_error})"
-            if execution.status:  # scored before the notebook stopped: say so
-                note = f"then the notebook {execution.problem}"
-                reason = f"{reason}; {note}" if reason else note
-            rows.append(dataclasses.replace(base, score=score, status=status, reason=reason))
-        elif execution.status:
-            rows.append(dataclasses.replace(base, status=execution.status,
-                                            reason=execution.problem))
-        else:
-            why = execution.first_error or "the harvest after its check printed no result"
-            rows.append(dataclasses.replace(base, status="check did not run", reason=why))
+            continue
+        text = execution.harvests.get(exercise.name)
+        rows.append(_exercise_row(base, text is not None, execution,
+                                  lambda t=text, e=exercise: judge_harvest(t, cases.cases[e.name])))
     return rows
 
 
-def parse_notebook(sub: Submission) -> tuple[Any, str]:
-    """The submission as a notebook, or None and why it is not one."""
+def _read(sub: Submission) -> tuple[list[str], dict[str, Any]]:
+    """(code cells, graded check per exercise) of a submission; :class:`NotANotebook`."""
     if sub.problem:
-        return None, sub.problem
-    try:
-        notebook = nbformat.reads(sub.data.decode("utf-8"), as_version=4)
-        if not isinstance(notebook.get("cells"), list):
-            return None, "no cells"
-        return notebook, ""
-    except Exception as error:  # any malformed file: JSON, encoding or schema
-        return None, f"not a valid notebook ({type(error).__name__})"
+        raise NotANotebook(sub.problem)
+    sources = code_cells(sub.data)
+    names = [e.name for e in chapter_exercises(sub.chapter)]
+    return sources, graded_checks(parse_cells(sources), names)
 
 
-def expected_cases(chapter: str) -> dict[str, list[Case]]:
-    """Every exercise's cases in ``chapter``, expected values computed here."""
-    return {e.name: list(e.cases()) for e in chapter_exercises(chapter)}
-
-
-async def grade_submission(sub: Submission, cases: Awaitable[dict[str, list[Case]]],
-                           limits: Limits, sandbox: Sandbox) -> list[GradeRow]:
-    """Execute one submission and score each exercise of its chapter; ``cases`` may still
-    be being computed meanwhile."""
+async def grade_submission(sub: Submission, cases: ChapterCases, limits: Limits,
+                           kernel: Kernel) -> list[GradeRow]:
+    """Execute one submission and score each exercise of its chapter."""
     exercises = chapter_exercises(sub.chapter)
-    notebook, problem = parse_notebook(sub)
-    if notebook is None:
+    try:
+        sources, checks = await asyncio.get_running_loop().run_in_executor(None, _read, sub)
+    except NotANotebook as error:
         return [GradeRow(sub.learner, sub.chapter, sub.name, e.name, 0.0, "not a notebook",
-                         problem) for e in exercises]
-    trees = parse_cells([c.get("source", "") if c.get("cell_type") == "code" else ""
-                         for c in notebook.cells])
-    checks = graded_checks(trees, [e.name for e in exercises])
-    execution = await execute(Path(sub.name).name, notebook, checks, limits, sandbox)
+                         str(error)) for e in exercises]
+    harvests = {name: Harvest(check.cell, check.expression, cases.shipped[name])
+                for name, check in checks.items()}
+    execution = await execute(sources, harvests, limits, kernel)
     if execution.grader_problem:
         raise RuntimeError(execution.grader_problem)
-    return _exercise_rows(sub, exercises, await cases, trees, checks, execution)
-
-
-def tree_digest(folder: Path) -> str:
-    """A hash of every file name and content under ``folder``, to see a change afterwards."""
-    sha = hashlib.sha256()
-    for path in sorted(folder.rglob("*"), key=lambda p: os.fsencode(p)):
-        sha.update(os.fsencode(path) + b"\0")
-        if path.is_file() and not path.is_symlink():
-            sha.update(hashlib.sha256(path.read_bytes()).digest())
-    return sha.hexdigest()
+    return _rows(sub, exercises, cases, checks, execution)
 
 
 def _not_submitted(inventory: Inventory, chapters: Sequence[str]) -> list[GradeRow]:
@@ -200,61 +201,63 @@ def _not_submitted(inventory: Inventory, chapters: Sequence[str]) -> list[GradeR
             for e in chapter_exercises(chapter)]
 
 
-def grade_folder(folder: Path, limits: Limits | None = None, jobs: int = 1,
-                 chapters: Sequence[str] = GRADED_CHAPTERS,
+def grade_folder(folder: Any, limits: Limits | None = None, jobs: int = 1,
+                 chapters: Sequence[str] | None = None, *, seed: int | None = None,
+                 sandbox: bool = True,
                  progress: Callable[[int, int], Any] | None = None) -> GradeReport:
-    """Grade every learner under ``folder``, ``jobs`` notebooks at a time; ``progress(done,
-    total)`` hears of each notebook finished."""
+    """Grade every learner under ``folder``, ``jobs`` notebooks at a time.
+
+    ``chapters`` defaults to those anyone handed in; ``seed`` (drawn when None) chooses the
+    fresh cases; ``sandbox=False`` runs kernels unconfined (trusted submissions only, and
+    every row says so); ``progress(done, total)`` hears of each notebook finished.
+    """
     limits = limits or Limits()
     if not limits.timeout > 0 or limits.memory_mb < 256 or jobs < 1:
         raise ValueError(f"timeout must be positive, memory at least 256 MB and jobs at "
                          f"least 1, got {limits.timeout!r}, {limits.memory_mb!r}, {jobs!r}")
-    chapters = tuple(chapters)
-    for chapter in chapters:
+    for chapter in chapters or ():
         chapter_exercises(chapter)  # unknown chapters raise before any work
-    inventory = find_submissions(Path(folder).resolve(), chapters)
-    report = GradeReport()
-    sandbox, handed_in = Sandbox.snapshot(), tree_digest(Path(folder))
-    graded = asyncio.run(_grade_all(list(inventory.graded.values()), limits, sandbox, jobs,
-                                    progress, report))
+    bwrap = check_available() if sandbox else None
+    inventory = find_submissions(folder, chapters)
+    chapters = tuple(chapters or sorted({chapter for _, chapter in inventory.graded}))
+    report = GradeReport(seed=secrets.randbelow(2**31) if seed is None else seed)
+    graded = asyncio.run(_grade_all(list(inventory.graded.values()), limits, bwrap, jobs,
+                                    report, progress))
     report.rows = sorted([*graded, *_not_submitted(inventory, chapters)],
                          key=lambda r: (r.learner, r.chapter, r.exercise))
+    if bwrap is None:
+        report.rows = [dataclasses.replace(r, flag="; ".join(filter(None, [r.flag, UNSANDBOXED])))
+                       for r in report.rows]
     report.rows += [GradeRow(n.learner, "", n.name, "", 0.0, n.status, n.reason)
                     for n in inventory.notes]
-    if Sandbox.snapshot().digest() != sandbox.digest():
-        report.problems.append("course_lib changed on disk while grading")
-    if tree_digest(Path(folder)) != handed_in:
-        report.problems.append(f"files under {str(folder)!r} changed while grading")
     return report
 
 
-async def _grade_all(subs: list[Submission], limits: Limits, sandbox: Sandbox, jobs: int,
-                     progress: Callable[[int, int], Any] | None,
-                     report: GradeReport) -> list[GradeRow]:
-    """Grade ``subs`` with at most ``jobs`` kernels at once, each under its own user id,
-    while a thread computes the expected values of the chapters handed in."""
+async def _grade_all(subs: list[Submission], limits: Limits, bwrap: str | None, jobs: int,
+                     report: GradeReport,
+                     progress: Callable[[int, int], Any] | None) -> list[GradeRow]:
+    """Grade ``subs`` with at most ``jobs`` kernels at once."""
     loop = asyncio.get_running_loop()
-    cases = {chapter: loop.run_in_executor(None, expected_cases, chapter)
-             for chapter in sorted({sub.chapter for sub in subs})}
-    slots: asyncio.Queue[int | None] = asyncio.Queue()
-    done = [0]
-    for slot in range(jobs):
-        slots.put_nowait(SANDBOX_UID + slot if os.geteuid() == 0 else None)
+    chapters = sorted({sub.chapter for sub in subs})
+    built = await asyncio.gather(*(loop.run_in_executor(None, build_chapter, c, report.seed)
+                                   for c in chapters))
+    cases = dict(zip(chapters, built, strict=True))
+    gate, done = asyncio.Semaphore(jobs), [0]
 
     async def one(sub: Submission) -> list[GradeRow]:
-        uid = await slots.get()
-        try:
-            return await grade_submission(sub, cases[sub.chapter], limits,
-                                          dataclasses.replace(sandbox, uid=uid))
-        except Exception as error:  # a grader bug: report it, grade the others
-            report.problems.append(f"{sub.learner}/{sub.name}: {type(error).__name__}: {error}")
-            return [GradeRow(sub.learner, sub.chapter, sub.name, e.name, 0.0, "grader error",
-                             f"{type(error).__name__}: {error}"[:200])
-                    for e in chapter_exercises(sub.chapter)]
-        finally:
-            slots.put_nowait(uid)
-            done[0] += 1
-            if progress is not None:
-                progress(done[0], len(subs))
+        async with gate:
+            try:
+                kernel = Kernel(cases[sub.chapter].library, bwrap)
+                return await grade_submission(sub, cases[sub.chapter], limits, kernel)
+            except Exception as error:  # a grader bug: report it, grade the others
+                report.problems.append(f"{sub.learner}/{sub.name}: {type(error).__name__}: "
+                                       f"{error}")
+                return [GradeRow(sub.learner, sub.chapter, sub.name, e.name, 0.0,
+                                 "grader error", f"{type(error).__name__}: {error}"[:200])
+                        for e in chapter_exercises(sub.chapter)]
+            finally:
+                done[0] += 1
+                if progress is not None:
+                    progress(done[0], len(subs))
 
     return [row for rows in await asyncio.gather(*map(one, subs)) for row in rows]

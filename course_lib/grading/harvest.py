@@ -1,33 +1,64 @@
-"""Kernel side of grading: run one exercise's cases on the learner's object, print plain data.
+"""Both sides of the harvest: the cases the grader ships in, the plain data that comes out.
 
-The grader adds one cell per exercise after the notebook's last ``check`` for it, calling
-``harvest(name, lambda: EXPR, nonce)``. The observations (see ``check.observe``) go to stdout
-as JSON between two copies of the nonce. Nothing here decides a score: the grader validates
-the JSON and judges it against expected values it computes in its own process.
+The grader builds every case in its own process and ships into the learner's kernel only
+each case's ``call`` text and ``run`` code (by value, with cloudpickle), in the cell it adds
+after an exercise's last ``check``, so no case is in the kernel before that cell runs and
+no expected value ever is. In the kernel, :func:`harvest` runs the cases on the graded
+object and prints the observations (see ``check.observe``) as JSON between two copies of a
+nonce. Nothing here decides a score: the grader validates the JSON and judges it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from course_lib.grading import find_exercise
-from course_lib.grading.check import Case, describe_error, observe
+import cloudpickle
+
+from course_lib.grading.check import Case, Observation, describe_error, error_names, observe
+from course_lib.grading.withheld import GradingUnavailable, is_withheld
+
+_UNAVAILABLE = error_names(GradingUnavailable)[0]
 
 
-def _blind_cases(name: str) -> list[Case]:
-    """Exercise ``name``'s cases without their expected values, which the grader keeps: the
-    learner's code runs next, and must not find the answers in this process."""
-    return [replace(case, expected=None, compare=None) for case in find_exercise(name).cases()]
+def ship(cases: Sequence[Case], modules: Sequence[Any]) -> str:
+    """The cases' calls and run code as text for a cell: ``modules`` (the exercise modules,
+    absent from the sandbox) travel by value, everything else by reference."""
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        data = cloudpickle.dumps([(case.call, case.run) for case in cases])
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
+    return base64.b64encode(data).decode("ascii")
 
 
-def harvest(name: str, graded: Callable[[], Any], nonce: str) -> None:
-    """Observe every case of exercise ``name`` on ``graded()`` and print the JSON."""
-    cases = _blind_cases(name)
-    payload: dict[str, Any] = {"exercise": name, "calls": [case.call for case in cases]}
+def uses_withheld(observation: Observation) -> bool:
+    """Whether a case ran into the withheld answer key."""
+    return _UNAVAILABLE in observation.get("raised", ())
+
+
+def _refusing_withheld(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``run``, raising the refusal where it returns a value built from a withheld object."""
+
+    def guarded(obj: Any) -> Any:
+        value = run(obj)
+        if is_withheld(value):
+            raise GradingUnavailable(f"{value!r} is the reference implementation")
+        return value
+
+    return guarded
+
+
+def harvest(shipped: str, graded: Callable[[], Any], nonce: str) -> None:
+    """Run the shipped cases on ``graded()`` and print the observations between nonces."""
+    pairs = cloudpickle.loads(base64.b64decode(shipped))
+    cases = [Case(call, _refusing_withheld(run), None, "") for call, run in pairs]
+    payload: dict[str, Any] = {"calls": [case.call for case in cases]}
     try:
         obj = graded()
     except Exception as error:  # the graded name may be undefined, or raise

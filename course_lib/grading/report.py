@@ -2,7 +2,8 @@
 
 The CSV is safe to open in a spreadsheet: a cell that would start a formula (``=``, ``+``,
 ``-``, ``@``, tab, carriage return) is prefixed with ``'``. The summary beside it lists
-each learner's total and each exercise's pass rate across the class.
+each learner's total and each exercise's pass rate across the class. Learner and file
+names arrive escaped (``submissions.shown``), so no name can break a line of either.
 """
 
 from __future__ import annotations
@@ -52,13 +53,15 @@ def write_csv(rows: Sequence[GradeRow], out: Path) -> None:
                              safe_cell(row.reason), row.flag])
 
 
-def summary(rows: Sequence[GradeRow]) -> str:
-    """Each learner's total over every exercise, each exercise's pass rate, ungraded files."""
+def summary(rows: Sequence[GradeRow], seed: int) -> str:
+    """The seed of the fresh cases, each learner's total over every exercise, each
+    exercise's pass rate, ungraded files."""
     scored = [row for row in rows if row.exercise]
     exercises = sorted({row.exercise for row in scored})
     learners = sorted({row.learner for row in rows})
     width = max([len(name) for name in learners + exercises] + [8])
-    lines = [f"Total per learner (out of {len(exercises)} exercises):"]
+    lines = [f"Fresh cases drawn with seed {seed} (regrade the same with --seed {seed}).",
+             f"Total per learner (out of {len(exercises)} exercises):"]
     for learner in learners:
         total = sum(row.score for row in scored if row.learner == learner)
         lines.append(f"  {learner:<{width}}  {total:6.2f} / {len(exercises)}")

