@@ -16,6 +16,8 @@ MAX_MEMORY_MB = 1 << 20
 """Largest ``--memory-mb``: 1 TiB, more than any grading machine has."""
 MAX_JOBS = 256
 """Most notebooks ``--jobs`` runs at once."""
+MAX_SEED = 2**63 - 1
+"""Largest ``--seed``."""
 
 
 def chapter_list(text: str) -> tuple[str, ...]:
@@ -50,7 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jobs", type=integer(1, MAX_JOBS), default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: the CPU count)")
     parser.add_argument("--chapters", type=chapter_list, default=None,
-                        help="comma-separated chapters to grade, e.g. 01,02 (default: all)")
+                        help="comma-separated chapters to grade, e.g. 01,02 (default: every "
+                        "chapter anyone handed in)")
+    parser.add_argument("--seed", type=integer(0, MAX_SEED), default=None,
+                        help="seed of the cases drawn fresh for this run (default: a new one, "
+                        "printed in the summary); give an earlier run's seed to regrade it")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run kernels without bubblewrap, for submissions you trust (where "
+                        "namespaces are unavailable); every row then says so")
     parser.set_defaults(run=run)
 
 
@@ -58,15 +67,20 @@ def run(args: argparse.Namespace) -> int:
     """Check --out, grade, write the CSV and the summary, print the summary."""
     from tqdm.auto import tqdm
 
-    from course_lib.grading import GRADED_CHAPTERS
     from course_lib.grading.execute import Limits
     from course_lib.grading.grade import grade_folder
     from course_lib.grading.report import output_paths, summary, write_csv
+    from course_lib.grading.sandbox import SandboxUnavailable, check_available
 
     if not args.submissions.is_dir():
         raise ValueError(f"submissions folder {str(args.submissions)!r} does not exist")
     csv_path, summary_path = output_paths(args.out, args.submissions)
-    chapters = args.chapters or GRADED_CHAPTERS
+    if not args.no_sandbox:
+        try:
+            check_available()
+        except SandboxUnavailable as error:
+            print(f"error: cannot grade: {error}", file=sys.stderr)
+            return 1
     limits = Limits(timeout=args.timeout, memory_mb=args.memory_mb)
     with tqdm(desc="grading", unit="notebook", file=sys.stderr) as bar:
 
@@ -74,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
             bar.total, bar.n = total, done
             bar.refresh()
 
-        report = grade_folder(args.submissions, limits, args.jobs, chapters, tick)
+        report = grade_folder(args.submissions, limits, args.jobs, args.chapters,
+                              seed=args.seed, sandbox=not args.no_sandbox, progress=tick)
     write_csv(report.rows, csv_path)
-    text = summary(report.rows)
+    text = summary(report.rows, report.seed)
     summary_path.write_text(text + "\n", encoding="utf-8")
     print(text)
     print(f"\nwrote {csv_path} and {summary_path}")

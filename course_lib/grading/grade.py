@@ -23,7 +23,7 @@ from typing import Any
 from course_lib.grading import chapter_exercises
 from course_lib.grading.check import Case, Exercise, judge
 from course_lib.grading.execute import Execution, Harvest, Kernel, Limits, execute
-from course_lib.grading.harvest import ship, uses_withheld
+from course_lib.grading.harvest import ship, uses_withheld, withheld_name
 from course_lib.grading.sandbox import check_available, is_exercise_module, library_copy
 from course_lib.grading.source import NotANotebook, code_cells, graded_checks, parse_cells
 from course_lib.grading.submissions import Inventory, Submission, find_submissions
@@ -100,9 +100,9 @@ def judge_harvest(text: str, cases: Sequence[Case]) -> tuple[float, str, str, st
         return 0.0, "invalid result", "the harvest's observations are malformed", ""
     results = [judge(case, obs) for case, obs in zip(cases, observations, strict=True)]
     passed = sum(r.passed for r in results)
-    withheld = [obs for obs in observations if uses_withheld(obs)]
-    flag, reason = ("reference", f"{REFERENCE}: {withheld[0]['shown'][:200]}") if withheld else (
-        "", "")
+    withheld = [withheld_name(obs) for obs in observations if uses_withheld(obs)]
+    flag, reason = ("reference", f"{REFERENCE} ({withheld[0]} is not available while grading)"
+                    ) if withheld else ("", "")
     if passed == len(cases):
         return 1.0, "passed", reason, flag
     failed = next(r for r in results if not r.passed)

@@ -11,35 +11,59 @@ nonce. Nothing here decides a score: the grader validates the JSON and judges it
 from __future__ import annotations
 
 import base64
+import functools
+import io
 import json
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import cloudpickle
 
 from course_lib.grading.check import Case, Observation, describe_error, error_names, observe
-from course_lib.grading.withheld import GradingUnavailable, is_withheld
+from course_lib.grading.withheld import WITHHELD, GradingUnavailable, is_withheld
 
 _UNAVAILABLE = error_names(GradingUnavailable)[0]
 
 
-def ship(cases: Sequence[Case], modules: Sequence[Any]) -> str:
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with the ``functools.cache`` functions of the by-value modules by value
+    too (cloudpickle would name them, and their module is not in the sandbox)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, functools._lru_cache_wrapper) and (
+                obj.__module__ in self.by_value):
+            return functools.cache, (obj.__wrapped__,)
+        return super().reducer_override(obj)
+
+
+def ship(cases: Sequence[Case], modules: Sequence[ModuleType]) -> str:
     """The cases' calls and run code as text for a cell: ``modules`` (the exercise modules,
     absent from the sandbox) travel by value, everything else by reference."""
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
+    buffer = io.BytesIO()
     try:
-        data = cloudpickle.dumps([(case.call, case.run) for case in cases])
+        pickler = _Pickler(buffer)
+        pickler.by_value = {module.__name__ for module in modules}
+        pickler.dump([(case.call, case.run) for case in cases])
     finally:
         for module in modules:
             cloudpickle.unregister_pickle_by_value(module)
-    return base64.b64encode(data).decode("ascii")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def uses_withheld(observation: Observation) -> bool:
     """Whether a case ran into the withheld answer key."""
     return _UNAVAILABLE in observation.get("raised", ())
+
+
+def withheld_name(observation: Observation) -> str:
+    """The withheld object an observation's refusal names."""
+    shown = observation["shown"]
+    name = shown.partition(": ")[2].partition(f" {WITHHELD}")[0]
+    return name[:120] or "the answer key"
 
 
 def _refusing_withheld(run: Callable[[Any], Any]) -> Callable[[Any], Any]:

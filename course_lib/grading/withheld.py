@@ -14,14 +14,16 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 
+WITHHELD = "is the reference implementation of an exercise being graded: not available while grading"
+
+
 class GradingUnavailable(RuntimeError):
     """The course's own implementation of an exercise, used while that exercise is graded."""
 
 
 def refuse(name: str) -> NoReturn:
     """Raise :class:`GradingUnavailable` for the withheld object ``name``."""
-    raise GradingUnavailable(f"{name} is the reference implementation of an exercise being "
-                             "graded, so it is not available while grading")
+    raise GradingUnavailable(f"{name} {WITHHELD}")
 
 
 class _WithheldMeta(type):
@@ -33,9 +35,9 @@ class _WithheldMeta(type):
         refuse(f"{cls.__withheld__}.{attribute}")
 
 
-def _refusing(name: str) -> Any:
+def _refusing() -> Any:
     def method(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
-        refuse(f"{type(self).__withheld__}.{name}")
+        refuse(type(self).__withheld__)
 
     return method
 
@@ -64,7 +66,7 @@ def withheld_class(name: str) -> type:
     namespace = {"__init__": __init__, "__getattr__": __getattr__, "__repr__": __repr__,
                  "__hash__": object.__hash__, "__withheld__": name,
                  "__module__": name.rpartition(".")[0]}
-    namespace |= {use: _refusing(use) for use in _USES}
+    namespace |= {use: _refusing() for use in _USES}
     return _WithheldMeta(name.rpartition(".")[2], (), namespace)
 
 
@@ -94,6 +96,6 @@ def module_getattr(module: str) -> Any:
     def __getattr__(attribute: str) -> Any:  # noqa: N807
         if attribute.startswith("__"):
             raise AttributeError(attribute)
-        return withheld_function(f"{module}.{attribute}")
+        return withheld_class(f"{module}.{attribute}")
 
     return __getattr__
