@@ -13,7 +13,6 @@ exit ends the ``bwrap`` process.
 from __future__ import annotations
 
 import ast
-import importlib
 import shutil
 import site
 import subprocess
@@ -140,22 +139,36 @@ def kernel_argv(binary: str | None, layout: Layout, memory_mb: int, file_mb: int
 # --- the library copy without the answer key ------------------------------------------------
 
 
+def _module_file(module: str) -> Path | None:
+    """The source file of ``course_lib`` module ``module``, if there is one."""
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _located(dotted: str) -> tuple[str, str]:
-    """(defining module, qualified name or "") of a reference such as ``course_lib.x.C.m``."""
+    """(defining module, qualified name or "") of a reference such as ``course_lib.x.C.m``,
+    found by reading the sources (re-exports followed), so nothing is imported."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
-        try:
-            owner = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+        module, rest = ".".join(parts[:cut]), parts[cut:]
+        path = _module_file(module)
+        if path is None:
             continue
-        if cut == len(parts):
-            return dotted, ""
-        obj = owner
-        for part in parts[cut:]:
-            obj = getattr(obj, part)
-        obj = getattr(obj, "fget", obj)
-        return obj.__module__, obj.__qualname__
-    raise ValueError(f"reference {dotted!r} names nothing importable")
+        if not rest:
+            return module, ""
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and (
+                    node.name == rest[0]):
+                return module, ".".join(rest)
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if (alias.asname or alias.name) == rest[0]:
+                        return _located(".".join([node.module, alias.name, *rest[1:]]))
+        break
+    raise ValueError(f"reference {dotted!r} names no definition in course_lib")
 
 
 def withheld_names(chapter: str) -> dict[str, set[str]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_lib.grading import GRADED_CHAPTERS

