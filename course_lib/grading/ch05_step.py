@@ -266,5 +266,6 @@ def _cases() -> list[Case]:
 
 
 SCHEDULER_STEP = Exercise("05.scheduler_step", "One scheduler step of continuous batching",
-                          _cases, reference=("course_lib.simulator.simulate", "course_lib.scheduler",
+                          _cases, reference=("course_lib.simulator.simulate",
+                                             "course_lib.scheduler",
                                              "course_lib.serving.ServingCore"))

