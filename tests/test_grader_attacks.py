@@ -1,14 +1,17 @@
 """The grader against submissions that cheat, attack or break: tiny crafted notebooks.
 
-Two grading runs serve every test: one class of cheaters and broken files (chapter 01), and
-one of notebooks that fight the limits, graded with ``--timeout 5``.
+Two grading runs serve every test: one class of cheaters, attackers and broken files
+(chapter 01) beside honest learners, and one of notebooks that fight the limits, graded
+with ``--timeout 5``. Each attack is written to score only if it works.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import os
+import socket
 import shutil
 import textwrap
 import time
@@ -19,7 +22,7 @@ import psutil
 import pytest
 
 from course_lib.__main__ import main
-from course_lib.grading import chapter_exercises, find_exercise
+from course_lib.grading import chapter_exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 CH01 = "01_kv_cache_arithmetic.ipynb"
@@ -50,13 +53,46 @@ def _exercise(rows: list[dict[str, str]], name: str) -> dict[str, str]:
     return next(r for r in rows if r["exercise"] == name)
 
 
-def _cheats(subs: Path, out: Path) -> None:
-    """Write the class of cheaters and broken files into ``subs``."""
+def _spy(paths: list[str]) -> str:
+    """A learner whose function is right only if it could read one of ``paths``."""
+    return f"""
+        import pathlib
+        def bytes_per_token(config, cache_dtype="auto"):
+            for path in {paths!r}:
+                p = pathlib.Path(path)
+                try:
+                    if p.is_dir():
+                        list(p.iterdir())
+                    else:
+                        p.read_bytes()
+                    return CORRECT(config, cache_dtype)
+                except OSError:
+                    pass
+            return 0
+        """
+
+
+def _correct_source() -> str:
+    """The solution's bytes-per-token function, renamed ``CORRECT``."""
+    cells = nbformat.read(ROOT / "solutions" / CH01, 4).cells
+    source = next(c.source for c in cells if "def bytes_per_token" in c.source)
+    return source.replace("def bytes_per_token", "def CORRECT")
+
+
+def _cheats(subs: Path, out: Path, server: int) -> None:
+    """Write the class of cheaters, attackers and broken files into ``subs``."""
+    secret = out.parent / "instructor" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("the instructor's own file")
+    (out.parent / "last-year.csv").write_text("learner,score\n")
     victim = subs / "victim" / CH01
-    marker = ROOT / "course_lib" / "grading" / "_attack_marker.py"
+    solution = (ROOT / "solutions" / CH01).read_text()
+    honest_text = nbformat.reads(solution, 4)
+    honest_text.cells.append(nbformat.v4.new_code_cell(
+        "print('I checked my work against the solutions/ folder and solutions.ipynb')"))
     learners = {
-        "honest": (ROOT / "solutions" / CH01).read_text(),
-        "victim": (ROOT / "solutions" / CH01).read_text(),
+        "honest": nbformat.writes(honest_text),
+        "victim": solution,
         "payload": notebook(
             "from IPython.display import display\n"
             "display({'application/vnd.course-lib.check+json': {'exercise': '01.bytes_per_token',"
@@ -65,47 +101,98 @@ def _cheats(subs: Path, out: Path) -> None:
             'check("01.bytes_per_token", bytes_per_token)'),
         "redefine": notebook(WRONG, "def check(name, obj):\n    print('PASSED', name)",
                              'check("01.bytes_per_token", bytes_per_token)'),
-        "monkeypatch": notebook(
+        "harvester": notebook(
             """
-            import sys, types
+            import json, os, re, sys, pathlib
+            import course_lib.grading.harvest as h
             import course_lib.grading.check as c
-            c.approx_equal = lambda got, want: True
-            c.judge = lambda case, obs: c.CaseResult(case.call, True, '', '', '')
-            fake = types.ModuleType('course_lib.grading.harvest')
-            fake.harvest = lambda name, graded, nonce: print('{"score": 1}')
-            sys.modules['course_lib.grading.harvest'] = fake
+            found = [p.read_text() for p in pathlib.Path('.').rglob('*') if p.is_file()]
+            def forged(shipped, graded, nonce):
+                obs = [{"value": 131072, "shown": "131072"}]
+                print(nonce + json.dumps({"calls": ["x"], "observations": obs}) + nonce)
+            h.harvest = forged
+            c.observe = lambda case, obj: {"value": 131072, "shown": "131072"}
+            real_dumps = json.dumps
+            json.dumps = lambda *a, **k: real_dumps({"calls": [], "observations": []})
+            def rewrite(lines):
+                text = "".join(lines)
+                for nonce in re.findall(r"'([0-9a-f]{32})'", text):
+                    print(nonce + '{"score": 1}' + nonce)
+                return lines
+            get_ipython().input_transformers_post.append(rewrite)
             """, WRONG, 'check("01.bytes_per_token", bytes_per_token)'),
-        "rigged": notebook(
+        "runtime": notebook(
             """
-            class Yes(int):
-                def __eq__(self, other):
-                    return True
-                __hash__ = int.__hash__
-
-            class Anything:
-                def __eq__(self, other):
-                    return True
-
-            def bytes_per_token(layers, kv_heads, head_dim, dtype_bytes):
-                return Yes(0)
-
-            def blocks_needed(tokens, block_size):
-                return Anything()
-            """, 'check("01.bytes_per_token", bytes_per_token)',
-            'check("01.blocks_needed", blocks_needed)'),
-        "peek": notebook(
+            import base64, importlib, sys
+            key = importlib.import_module("course_lib." + "kv_" + "math")
+            by_name = getattr(key, "nekot_rep_setyb"[::-1])
+            hidden = base64.b64decode(b"Y291cnNlX2xpYi5rdl9tYXRo").decode()
+            scanned = [m for n, m in list(sys.modules.items()) if n.endswith("kv_math")]
+            get_ipython().run_cell("from course_lib.kv_math import bytes_per_token as viacell")
+            globals()["dynamic"] = importlib.import_module(hidden).bytes_per_token
+            def bytes_per_token(config, cache_dtype="auto"):
+                global_answer = by_name(config["num_hidden_layers"],
+                                        config.get("num_key_value_heads", 1),
+                                        config["hidden_size"] // config["num_attention_heads"],
+                                        "fp16")
+                return int(global_answer)
+            """, 'check("01.bytes_per_token", bytes_per_token)'),
+        "registry": notebook(
             """
-            import gc, inspect
-            def bytes_per_token(layers, kv_heads, head_dim, dtype_bytes):
-                for info in inspect.stack():
-                    for value in info.frame.f_locals.values():
-                        if getattr(value, 'expected', None) is not None:
-                            return value.expected
-                for obj in gc.get_objects():
-                    if type(obj).__name__ == 'Case' and obj.expected is not None:
-                        return obj.expected
+            def bytes_per_token(config, cache_dtype="auto"):
+                try:
+                    from course_lib.grading import find_exercise
+                    for case in find_exercise("01.bytes_per_token").cases():
+                        if case.call.startswith("fn(config") and str(config) in case.call:
+                            return case.expected
+                except Exception:
+                    pass
                 return 0
             """, 'check("01.bytes_per_token", bytes_per_token)'),
+        "copycat": notebook(
+            f"""
+            import json, pathlib
+            def _classmates():
+                for cmdline in pathlib.Path('/proc').glob('*/cmdline'):
+                    for arg in cmdline.read_bytes().split(b'\\0'):
+                        folder = pathlib.Path(arg.decode(errors='replace'))
+                        if folder.is_dir() and any(folder.glob('*/01_*.ipynb')):
+                            yield from folder.glob('*/01_*.ipynb')
+                yield pathlib.Path({str(victim)!r})
+            for path in _classmates():
+                try:
+                    cells = json.loads(path.read_text())['cells']
+                except OSError:
+                    continue
+                for cell in cells:
+                    if cell['cell_type'] == 'code' and 'def bytes_per_token' in ''.join(cell['source']):
+                        exec(''.join(cell['source']))
+            """, 'check("01.bytes_per_token", bytes_per_token)'),
+        "spy": notebook(_correct_source(), _spy([
+            str(secret), str(secret.parent), str(victim), str(subs),
+            *(str(Path.home() / name) for name in (".bashrc", ".profile", ".ssh", ".cache")),
+            str(out.parent / "last-year.csv"), str(ROOT / "solutions" / CH01),
+            str(ROOT / "course_lib" / "grading" / "ch01.py"), "/root/.ssh"]),
+            'check("01.bytes_per_token", bytes_per_token)'),
+        "net": notebook(_correct_source(), f"""
+            import socket
+            def bytes_per_token(config, cache_dtype="auto"):
+                try:
+                    socket.create_connection(("127.0.0.1", {server}), timeout=2).close()
+                    return CORRECT(config, cache_dtype)
+                except OSError:
+                    return 0
+            """, 'check("01.bytes_per_token", bytes_per_token)'),
+        "signals": notebook(
+            f"""
+            import os, signal
+            for pid in ({os.getpid()}, {os.getppid()}, 1):
+                for sig in (signal.SIGSTOP, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+            """, WRONG, 'check("01.bytes_per_token", bytes_per_token)'),
         "execsolutions": notebook(
             f"""
             import nbformat
@@ -113,30 +200,15 @@ def _cheats(subs: Path, out: Path) -> None:
                 if cell.cell_type == 'code':
                     exec(cell.source)
             """, 'check("01.bytes_per_token", bytes_per_token)'),
-        "reference": notebook(
-            """
-            from course_lib.kv_math import bytes_per_token as answer
-            def bytes_per_token(layers, kv_heads, head_dim, dtype_bytes):
-                return answer(layers, kv_heads, head_dim, 'fp16' if dtype_bytes == 2 else 'fp8')
-            """, 'check("01.bytes_per_token", bytes_per_token)'),
-        "tamper": notebook(
-            f"""
-            import pathlib, subprocess, course_lib
-            attempts = {{
-                'private copy': pathlib.Path(course_lib.__file__).parent / 'grading' / 'check.py',
-                'checkout': pathlib.Path({str(marker)!r}),
-                'victim': pathlib.Path({str(victim)!r}),
-            }}
-            for what, path in attempts.items():
-                try:
-                    path.write_text('def check(*a): pass  # rewritten')
-                    print('rewrote', what)
-                except OSError as error:
-                    print('refused', what, error)
-            subprocess.Popen(['setsid', 'sh', '-c',
-                              'sleep 4.321; echo pwned > {out}; touch {marker}'])
-            """, WRONG, 'check("01.bytes_per_token", bytes_per_token)'),
+        "magics": notebook("\n".join(["%time x = 1"] * 100 + ["%who"] * 100),
+                           *(c.source for c in nbformat.reads(solution, 4).cells
+                             if c.cell_type == "code")),
+        "numbersource": json.dumps({"cells": [{"cell_type": "code", "source": 5,
+                                               "metadata": {}, "outputs": []}],
+                                    "nbformat": 4, "nbformat_minor": 5, "metadata": {}}),
+        "manycells": notebook(*["x = 1"] * 100_000),
         "=SUM(A1)": (ROOT / "exercises" / CH01).read_text(),
+        "evil\n  honest  99.00\x1b[2J": solution,
         "crash": notebook(WRONG, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
                           'check("01.bytes_per_token", bytes_per_token)'),
         "chatty": notebook("for _ in range(40):\n    print('x' * 2**20)", WRONG,
@@ -145,6 +217,8 @@ def _cheats(subs: Path, out: Path) -> None:
     for learner, text in learners.items():
         (subs / learner).mkdir(parents=True)
         (subs / learner / CH01).write_text(text)
+    with (subs / "spy" / "dataset.bin").open("wb") as handle:
+        handle.truncate(8 << 30)  # a sparse 8 GiB file beside a notebook
     files = subs / "files"
     (files / "deeper").mkdir(parents=True)
     shutil.copy(ROOT / "solutions" / CH01, files / CH01)
@@ -153,25 +227,25 @@ def _cheats(subs: Path, out: Path) -> None:
     shutil.copy(ROOT / "exercises" / CH01, files / "99_bonus.ipynb")
     shutil.copy(ROOT / "exercises" / CH01, files / "deeper" / "02_contiguous_slabs.ipynb")
     (files / "02_contiguous_slabs.ipynb").write_text("{ this is not json")
-    (files / "03_block_tables.ipynb").write_text('{"cells": 5, "nbformat": 4}')
+    with (files / "03_block_tables.ipynb").open("wb") as handle:
+        handle.truncate(8 << 30)  # a sparse 8 GiB notebook
     os.mkdir(os.fsencode(subs) + b"/caf\xe9")
     shutil.copy(ROOT / "solutions" / CH01, os.fsdecode(os.fsencode(subs) + b"/caf\xe9/") + CH01)
 
 
 @pytest.fixture(scope="module")
 def cheats(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict, dict]:
-    """Grade the cheaters once: (out, rows by learner, checksums before, after)."""
+    """Grade the class once: (out, rows by learner, checksums before, after)."""
     tmp = tmp_path_factory.mktemp("cheats")
     subs, out = tmp / "subs", tmp / "grades.csv"
-    _cheats(subs, out)
-    before = _checksums(subs, ROOT / "course_lib")
-    code = main(["grade", str(subs), "--out", str(out), "--timeout", "60", "--jobs", "2",
-                 "--chapters", "01,02,03"])
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        _cheats(subs, out, server.getsockname()[1])
+        before = _checksums(subs, ROOT / "course_lib")
+        code = main(["grade", str(subs), "--out", str(out), "--timeout", "60", "--jobs", "2",
+                     "--chapters", "01,02,03"])
     assert code == 0
-    graded = out.read_bytes()
-    time.sleep(6)  # longer than the tamperer's daemon would wait before rewriting the CSV
-    assert out.read_bytes() == graded
-    assert _survivors("sleep 4.321") == []
     return out, _rows(out), before, _checksums(subs, ROOT / "course_lib")
 
 
@@ -181,20 +255,41 @@ def test_every_learner_has_a_row_for_every_exercise(cheats: tuple) -> None:
         exercises = [r["exercise"] for r in mine if r["exercise"]]
         assert len(exercises) == len(set(exercises)) == sum(
             len(chapter_exercises(c)) for c in ("01", "02", "03")), learner
-    honest = rows["honest"]
-    assert all(r["status"] == "passed" for r in honest if r["chapter"] == "01")
-    assert {r["status"] for r in honest if r["chapter"] != "01"} == {"not submitted"}
-    assert rows["caf\\xe9"][0]["status"] == "passed"
+    for learner in ("honest", "victim", "caf\\xe9", "magics"):
+        assert {r["status"] for r in rows[learner] if r["chapter"] == "01"} == {"passed"}, (
+            learner, rows[learner])
+    assert {r["status"] for r in rows["honest"] if r["chapter"] != "01"} == {"not submitted"}
     assert all(r["status"] == "not solved" for r in rows["'=SUM(A1)"] if r["chapter"] == "01")
 
 
-@pytest.mark.parametrize("learner", ["payload", "redefine", "monkeypatch", "rigged", "peek",
-                                     "tamper"])
-def test_cheats_score_zero(cheats: tuple, learner: str) -> None:
+def test_honest_text_about_solutions_is_not_flagged(cheats: tuple) -> None:
+    _, rows, _, _ = cheats
+    assert all(r["flag"] == "" and r["reason"] == "" for r in rows["honest"]
+               if r["chapter"] == "01")
+
+
+@pytest.mark.parametrize("learner", ["payload", "redefine", "harvester", "registry", "copycat",
+                                     "spy", "net", "signals", "execsolutions"])
+def test_cheats_and_attacks_score_zero(cheats: tuple, learner: str) -> None:
     _, rows, _, _ = cheats
     assert all(float(r["score"]) == 0.0 for r in rows[learner]), rows[learner]
-    assert _exercise(rows[learner], "01.bytes_per_token")["status"] in (
-        "failed", "check did not run")
+
+
+def test_the_reference_built_at_run_time_refuses_and_is_named(cheats: tuple) -> None:
+    _, rows, _, _ = cheats
+    row = _exercise(rows["runtime"], "01.bytes_per_token")
+    assert (row["score"], row["status"], row["flag"]) == ("0.000", "flagged", "reference")
+    assert row["reason"] == ("uses the reference implementation (course_lib.kv_math."
+                             "bytes_per_token is not available while grading)")
+
+
+def test_every_notebook_shape_ends_in_a_row_with_a_reason(cheats: tuple) -> None:
+    _, rows, _, _ = cheats
+    number = _exercise(rows["numbersource"], "01.bytes_per_token")
+    assert (number["status"], number["reason"]) == (
+        "not a notebook", "not a valid notebook (code cell 1's source is not text)")
+    many = _exercise(rows["manycells"], "01.bytes_per_token")
+    assert many["status"] == "not a notebook" and "code cells" in many["reason"]
 
 
 def test_a_dead_kernel_and_a_flood_of_output_score_zero_with_the_reason(cheats: tuple) -> None:
@@ -205,27 +300,13 @@ def test_a_dead_kernel_and_a_flood_of_output_score_zero_with_the_reason(cheats: 
         "0.000", "output limit", "printed more than 16 MB")
 
 
-def test_rigged_values_fail_as_plain_data(cheats: tuple) -> None:
-    _, rows, _, _ = cheats
-    for name in ("01.bytes_per_token", "01.blocks_needed"):
-        cases = len(find_exercise(name).cases())
-        assert _exercise(rows["rigged"], name)["reason"].startswith(f"0/{cases}")
-
-
-@pytest.mark.parametrize("learner", ["execsolutions", "reference"])
-def test_answer_key_use_is_flagged(cheats: tuple, learner: str) -> None:
-    _, rows, _, _ = cheats
-    row = _exercise(rows[learner], "01.bytes_per_token")
-    assert (row["score"], row["reason"], row["flag"]) == (
-        "0.000", "uses the reference implementation", "reference")
-
-
 def test_bad_files_are_reported_and_never_stop_the_class(cheats: tuple) -> None:
     out, rows, _, _ = cheats
     files = rows["files"]
     by_chapter = {r["chapter"]: r for r in files if r["exercise"]}
     assert _exercise(files, "01.bytes_per_token")["status"] == "passed"
     assert by_chapter["02"]["status"] == by_chapter["03"]["status"] == "not a notebook"
+    assert by_chapter["03"]["reason"] == "larger than 50 MB"
     notes = {(r["notebook"], r["status"]) for r in files if not r["exercise"]}
     assert notes == {("01_second_try.ipynb", "duplicate"), ("kv_cache.ipynb", "misnamed"),
                      ("99_bonus.ipynb", "misnamed"),
@@ -234,10 +315,19 @@ def test_bad_files_are_reported_and_never_stop_the_class(cheats: tuple) -> None:
     assert "honest" in text and "01.bytes_per_token" in text and "Files not graded" in text
 
 
+def test_names_cannot_forge_lines_or_send_escape_codes(cheats: tuple) -> None:
+    out, rows, _, _ = cheats
+    evil = "evil\\n  honest  99.00\\x1b[2J"
+    assert {r["status"] for r in rows[evil] if r["chapter"] == "01"} == {"passed"}
+    text = out.with_suffix(".txt").read_text()
+    assert "\x1b" not in text and not any(line.startswith("  honest  99") for line in
+                                             text.splitlines())
+    assert "\x1b" not in out.read_text()
+
+
 def test_no_submission_changes_the_checkout_or_another_learner(cheats: tuple) -> None:
     _, rows, before, after = cheats
     assert after == before
-    assert not (ROOT / "course_lib" / "grading" / "_attack_marker.py").exists()
     assert all(r["status"] == "passed" for r in rows["victim"] if r["chapter"] == "01")
 
 
@@ -262,11 +352,30 @@ def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
             time.sleep(1000)
             """,
         "bomb": "hog = [bytearray(50 * 2**20) for _ in range(1000)]",
+        "survivor": """
+            import os, subprocess, sys
+            churn = (
+                "import os, signal, time\\n"
+                "kernel = int(os.environ['KERNEL'])\\n"
+                "while True:\\n"
+                "    if os.fork():\\n"
+                "        os._exit(0)\\n"
+                "    for pid in map(int, filter(str.isdigit, os.listdir('/proc'))):\\n"
+                "        if pid not in (os.getpid(), kernel):\\n"
+                "            try: os.kill(pid, signal.SIGKILL)\\n"
+                "            except OSError: pass\\n"
+                "    time.sleep(0.01)\\n")
+            subprocess.Popen([sys.executable, "-c", churn, "1000.773"],
+                             env={**os.environ, "KERNEL": str(os.getpid())},
+                             start_new_session=True)
+            """,
     }
     for learner, attack in attacks.items():
         (subs / learner).mkdir(parents=True)
         (subs / learner / CH01).write_text(notebook(attack, WRONG,
                                                     'check("01.bytes_per_token", bytes_per_token)'))
+    (subs / "zz-follower").mkdir()
+    shutil.copy(ROOT / "solutions" / CH01, subs / "zz-follower" / CH01)
     (subs / "partial").mkdir()
     (subs / "partial" / CH01).write_text(notebook(
         """
@@ -279,13 +388,14 @@ def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
     code = main(["grade", str(subs), "--out", str(out), "--timeout", "5", "--jobs", "1",
                  "--memory-mb", "1024", "--chapters", "01"])
     elapsed = time.monotonic() - start
-    assert code == 0 and elapsed < 15 * (len(attacks) + 1)
+    assert code == 0 and elapsed < 20 * (len(attacks) + 2)
     rows = _rows(out)
     scored, stopped = (_exercise(rows["partial"], name)
                        for name in ("01.blocks_needed", "01.max_requests"))
     assert (scored["score"], scored["reason"]) == ("1.000",
                                                    "then the notebook timed out after 5 s")
     assert (stopped["score"], stopped["status"]) == ("0.000", "check did not run")
+    assert {r["status"] for r in rows["zz-follower"]} == {"passed"}, rows["zz-follower"]
     for learner in ("busy", "fork", "daemon"):
         row = _exercise(rows[learner], "01.bytes_per_token")
         assert (row["score"], row["status"], row["reason"]) == (
@@ -293,3 +403,4 @@ def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
     bomb = _exercise(rows["bomb"], "01.bytes_per_token")
     assert bomb["score"] == "0.000" and "memory limit 1024 MB" in bomb["reason"]
     assert _survivors("1000.77") == []
+    assert _exercise(rows["survivor"], "01.bytes_per_token")["status"] == "failed"

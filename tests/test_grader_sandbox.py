@@ -175,3 +175,27 @@ def test_grading_as_an_ordinary_user(tmp_path: Path) -> None:
         _check_rows(folder / "work" / "grades.csv")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_without_namespaces_grade_refuses_in_one_line_and_no_sandbox_says_so(
+        tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new "
+                                "namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    subs = _class(tmp_path)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "course_lib", "grade", str(subs), "--out",
+               str(tmp_path / "grades.csv")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and not (tmp_path / "grades.csv").exists()
+    assert done.stderr.count("\n") == 1 and "No permissions" in done.stderr
+    assert "--no-sandbox" in done.stderr
+    done = subprocess.run([*command, "--no-sandbox"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check_rows(tmp_path / "grades.csv")
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open(encoding="utf-8")))
+    assert {r["flag"] for r in rows} == {"no sandbox"}

@@ -2,6 +2,7 @@
 
     python3 tools/course.py lab    # install into .venv, open JupyterLab on chapter 00
     python3 tools/course.py test   # install into .venv, run the whole test suite
+    python3 tools/course.py grade SUBMISSIONS/ --out grades.csv   # instructors
 
 Both create ``.venv`` beside this repository and install ``course_lib`` with its dev extra
 under ``requirements/constraints.txt``: the tested set of versions. It pins torch==2.13.0,
@@ -26,10 +27,11 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 
 
-def _run(*command: str | Path) -> None:
-    """Run a command from the repository root; stop with its exit status if it fails."""
+def _run(*command: str | Path, cwd: Path = ROOT) -> None:
+    """Run a command (from the repository root unless told); stop with its exit status if
+    it fails."""
     print("+", " ".join(str(c) for c in command), flush=True)
-    status = subprocess.call([str(c) for c in command], cwd=ROOT)
+    status = subprocess.call([str(c) for c in command], cwd=cwd)
     if status:
         sys.exit(status)
 
@@ -67,12 +69,21 @@ def test() -> None:
          "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/sanitize.cfg")
 
 
+def grade(*arguments: str) -> None:
+    """Grade a class: ``python -m course_lib grade ARGUMENTS`` in .venv, from this folder."""
+    install()
+    _run(PYTHON, "-m", "course_lib", "grade", *arguments, cwd=Path.cwd())
+
+
 def main() -> None:
-    """Dispatch ``lab`` or ``test``."""
-    actions = {"lab": lab, "test": test}
-    if len(sys.argv) != 2 or sys.argv[1] not in actions:
-        sys.exit(f"usage: python3 {Path(__file__).relative_to(ROOT)} {{lab,test}}")
-    actions[sys.argv[1]]()
+    """Dispatch ``lab``, ``test`` or ``grade ARGUMENTS``."""
+    usage = f"usage: python3 {Path(__file__).relative_to(ROOT)} {{lab,test,grade ...}}"
+    if len(sys.argv) >= 2 and sys.argv[1] == "grade":
+        grade(*sys.argv[2:])
+    elif len(sys.argv) == 2 and sys.argv[1] in ("lab", "test"):
+        {"lab": lab, "test": test}[sys.argv[1]]()
+    else:
+        sys.exit(usage)
 
 
 if __name__ == "__main__":

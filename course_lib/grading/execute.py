@@ -118,7 +118,7 @@ class _LimitedClient(NotebookClient):
         if over and not self.over:
             self.over = "harvest" if cell_index in self.harvest_at else "output"
             self.on_over()
-        if over or (cell_index not in self.harvest_at and msg["msg_type"] != "error"):
+        if self.over or (cell_index not in self.harvest_at and msg["msg_type"] != "error"):
             return None
         return super().output(outs, msg, display_id, cell_index)
 
