@@ -170,6 +170,14 @@ def _drawn_ids(snapshot: PoolSnapshot, start: int, stop: int) -> list[str]:
     return sorted(ids, key=natural_key)
 
 
+def _together(snapshot: PoolSnapshot, max_cells: int) -> list[list[str]]:
+    """The groups of requests a picture of ``snapshot`` draws in colour at once: the whole
+    pool when it is drawn in detail, else each window the widget offers."""
+    count = len(snapshot.blocks)
+    windows = [(0, count)] if count <= max_cells else [w for _, w in _windows(count, max_cells)[1:]]
+    return [_drawn_ids(snapshot, start, stop) for start, stop in windows]
+
+
 def _check_window(window: tuple[int, int] | None, count: int) -> tuple[int, int]:
     """``window`` as (start, stop) within the pool, or the whole pool for ``None``."""
     if window is None:
@@ -357,6 +365,9 @@ def _owner_legend(
         items.append((Swatch(colors[rid]), label))
     if len(ids) > limit:
         items.append((Swatch("#ffffff", EDGE), f"+{len(ids) - limit} more requests"))
+    shades = len({colors[rid] for rid in ids})
+    if shades < len(ids):  # more requests than colours: say so rather than mislead
+        items.append((Swatch("#ffffff", EDGE), f"{len(ids)} requests share {shades} colours"))
     return legend(items, y)
 
 
@@ -533,8 +544,12 @@ def render_svg(
     start, stop = _check_window(window, len(snapshot.blocks))
     detail = stop - start <= max_cells
     colors: Mapping[str, str] = {}
-    if detail or request is not None:
-        colors = owner_colors(_request_ids([snapshot])) if palette is None else palette
+    if palette is not None:
+        colors = palette
+    elif detail or request is not None:
+        drawn = _drawn_ids(snapshot, start, stop) if detail else []
+        chosen = [request] if request in _request_ids([snapshot]) else []
+        colors = owner_colors(_request_ids([snapshot]), together=[[*drawn, *chosen]])
     if request is not None and request not in colors:
         raise ValueError(f"request {request!r} appears nowhere in what is drawn")
     table = snapshot.tables.get(request, ()) if request is not None else ()
@@ -618,12 +633,14 @@ def pool_timeline(
     table_focus=...)`` for a static picture, ``.widget()`` for Play, slider, request and
     window choosers.
 
-    Colours come from one palette over all snapshots, so a request keeps its colour.
+    Colours come from one palette over all snapshots, so a request keeps its colour, and
+    requests drawn together (in one frame, or one window of a large pool) differ while the
+    palette lasts (see :mod:`course_lib.viz.palette`).
     """
     if len(snapshots) == 0:
         raise ValueError("snapshots is empty: a pool timeline needs at least one snapshot")
     ids = _request_ids(snapshots)
-    colors = owner_colors(ids)
+    colors = owner_colors(ids, together=[g for s in snapshots for g in _together(s, max_cells)])
     largest = max(len(s.blocks) for s in snapshots)
 
     def draw(

@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 
 import ipywidgets as widgets
 
+from course_lib.viz.raster import svg_to_png
 from course_lib.viz.summary_box import SummaryBox
 from course_lib.viz.svg import SvgPicture
 
@@ -92,6 +93,9 @@ class Timeline(Generic[F]):
 
     def _repr_svg_(self) -> str:
         return self.svg(self.step)
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, int]]:
+        return svg_to_png(self.svg(self.step))
 
     def __repr__(self) -> str:
         return self.describe(self.step)
