@@ -625,6 +625,7 @@ def pool_timeline(
     snapshots: Sequence[PoolSnapshot],
     *,
     step: int | None = None,
+    numbers: Sequence[int] | None = None,
     max_cells: int = MAX_CELLS,
     name: str = "pool",
     interval_ms: int = 500,
@@ -633,6 +634,9 @@ def pool_timeline(
     table_focus=...)`` for a static picture, ``.widget()`` for Play, slider, request and
     window choosers.
 
+    ``step`` and ``numbers`` are :class:`~course_lib.viz.timeline.Timeline`'s (the frame
+    shown, and what the slider calls each frame: pass the steps the snapshots were taken
+    at). The "hash chain" box is offered only when some block carries a prefix-cache hash.
     Colours come from one palette over all snapshots, so a request keeps its colour, and
     requests drawn together (in one frame, or one window of a large pool) differ while the
     palette lasts (see :mod:`course_lib.viz.palette`).
@@ -642,6 +646,7 @@ def pool_timeline(
     ids = _request_ids(snapshots)
     colors = owner_colors(ids, together=[g for s in snapshots for g in _together(s, max_cells)])
     largest = max(len(s.blocks) for s in snapshots)
+    hashed = any(b.cached_hash is not None for s in snapshots for b in s.blocks)
 
     def draw(
         snapshot: PoolSnapshot, *, dom_id: str, request: str = "", hash_chain: bool = False,
@@ -657,8 +662,10 @@ def pool_timeline(
                 options=[("none", ""), *((rid, rid) for rid in ids)], value="",
                 description="request",
             ),
-            "hash_chain": widgets.Checkbox(value=False, description="hash chain", indent=False),
         }
+        if hashed:
+            chosen["hash_chain"] = widgets.Checkbox(value=False, description="hash chain",
+                                                    indent=False)
         if largest > max_cells:
             windows = _windows(largest, max_cells)
             chosen["window"] = widgets.Dropdown(options=windows, value=windows[0][1],
@@ -666,4 +673,4 @@ def pool_timeline(
         return chosen
 
     return Timeline(snapshots, draw, name=name, describe=_summary, controls=controls,
-                    step=step, interval_ms=interval_ms)
+                    step=step, numbers=numbers, interval_ms=interval_ms)

@@ -236,7 +236,7 @@ def _shape(ax: Axes, element: ET.Element, style: _Style) -> None:
 
 def _path(d: str) -> MplPath:
     """A path of M, L, H, V and Z commands (upper case absolute, lower case relative)."""
-    tokens = re.findall(r"[MLHVZmlhvz]|-?\d*\.?\d+(?:e-?\d+)?", d)
+    tokens = re.findall(r"[A-Za-z]|-?\d*\.?\d+(?:e-?\d+)?", d)
     vertices: list[tuple[float, float]] = []
     codes: list[int] = []
     x = y = start_x = start_y = 0.0
@@ -245,10 +245,12 @@ def _path(d: str) -> MplPath:
     while i < len(tokens):
         if tokens[i].isalpha():
             command, i = tokens[i], i + 1
+            if command not in "MLHVZmlhvz":
+                raise ValueError(f"path command {command!r} in {d!r} is not drawn in the PNG")
             if command in "Zz":
                 vertices.append((start_x, start_y))
                 codes.append(MplPath.CLOSEPOLY)
-                x, y = start_x, start_y
+                x, y, command = start_x, start_y, ""  # a number after Z is an error
                 continue
         if not command:
             raise ValueError(f"path data {d!r} does not start with a command")
@@ -260,10 +262,8 @@ def _path(d: str) -> MplPath:
             x, y = (x + dx, y + dy) if relative else (dx, dy)
         elif kind == "H":
             x, i = (x if relative else 0.0) + float(tokens[i]), i + 1
-        elif kind == "V":
-            y, i = (y if relative else 0.0) + float(tokens[i]), i + 1
         else:
-            raise ValueError(f"path command {command!r} in {d!r} is not drawn in the PNG")
+            y, i = (y if relative else 0.0) + float(tokens[i]), i + 1
         if kind == "M":
             start_x, start_y = x, y
             codes.append(MplPath.MOVETO)
