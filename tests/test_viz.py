@@ -518,6 +518,27 @@ def test_zoomed_window_gives_each_visible_request_its_own_colour() -> None:
                                    .values()))) == len(visible)
 
 
+def test_a_small_zoom_inside_a_crowded_window_has_distinct_colours() -> None:
+    # Lecture 03's zoom: 64 blocks holding 16 requests, inside a 512-block window holding
+    # 221, more than the timeline's palette can keep apart.
+    visible = [f"r{60 * k}" for k in range(8)]
+    crowd = [f"r{i}" for i in range(300) if f"r{i}" not in visible]
+    blocks = [BlockView(0, is_null=True)] + [
+        BlockView(i, 16, ((visible if 256 <= i < 320 else crowd)[i % 8 if 256 <= i < 320
+                                                              else i % len(crowd)],), 1)
+        for i in range(1, 1024)]
+    tables: dict[str, tuple[int, ...]] = {}
+    for block in blocks[1:]:
+        tables[block.owners[0]] = (*tables.get(block.owners[0], ()), block.block_id)
+    timeline = pool_timeline([PoolSnapshot(16, tuple(blocks), tables)])
+    svg = timeline.svg(0, window=(256, 320))
+    fills = owner_fills(svg)
+    assert set(fills) == set(visible)
+    assert len({c for colors in fills.values() for c in colors}) == len(visible)
+    assert "requests share" not in svg
+    assert "requests share" in timeline.svg(0, window=(0, 512))  # 221 cannot all differ
+
+
 def test_more_requests_than_colours_says_colours_repeat() -> None:
     many = [f"r{i}" for i in range(len(OWNER_COLORS) + 5)]
     svg = pool_view.render_svg(crowded_pool(many, others=0), window=(0, 512))

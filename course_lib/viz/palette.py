@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 OWNER_COLORS: tuple[str, ...] = (
     "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948",
@@ -60,7 +60,9 @@ def natural_key(request_id: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def owner_colors(
-    request_ids: Iterable[str], together: Iterable[Sequence[str]] | None = None
+    request_ids: Iterable[str],
+    together: Iterable[Sequence[str]] | None = None,
+    preferred: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Map each distinct request id to a palette colour, different within each group.
 
@@ -68,12 +70,14 @@ def owner_colors(
     Beyond that, ``together`` lists the groups of requests drawn at the same time (default:
     all of them at once, which cycles through the palette in natural id order); requests are
     coloured in order of first appearance in the groups (natural order within a group),
-    then any left over in natural order.
+    then any left over in natural order. A request keeps its ``preferred`` colour (say, a
+    timeline's) unless one coloured before it, and drawn with it, has taken it.
     """
     ids = sorted(set(request_ids), key=natural_key)
     groups = [ids] if together is None else [sorted(g, key=natural_key) for g in together]
     if len(ids) <= len(OWNER_COLORS):
         groups = [ids]  # enough colours for every request to have its own
+    preferred = preferred or {}
     companions: dict[str, set[str]] = {rid: set() for rid in ids}
     order: dict[str, None] = {}
     for group in groups:
@@ -85,7 +89,9 @@ def owner_colors(
     colors: dict[str, str] = {}
     for rid in [*order, *(rid for rid in ids if rid not in order)]:
         taken = Counter(colors[other] for other in companions[rid] if other in colors)
-        colors[rid] = min(OWNER_COLORS, key=lambda c: (taken[c], OWNER_COLORS.index(c)))
+        choices = dict.fromkeys([*([preferred[rid]] if rid in preferred else []),
+                                 *OWNER_COLORS])
+        colors[rid] = min(choices, key=lambda c: taken[c])  # the first of the least taken
     return {rid: colors[rid] for rid in ids}
 
 

@@ -178,6 +178,14 @@ def _together(snapshot: PoolSnapshot, max_cells: int) -> list[list[str]]:
     return [_drawn_ids(snapshot, start, stop) for start, stop in windows]
 
 
+def _distinct(colors: Mapping[str, str], drawn: Sequence[str]) -> Mapping[str, str]:
+    """``colors``, with clashes among the ``drawn`` requests resolved (a timeline's palette
+    can only keep apart the requests of the windows it knows)."""
+    if len({colors[rid] for rid in drawn}) == len(set(drawn)):
+        return colors
+    return {**colors, **owner_colors(drawn, together=[drawn], preferred=colors)}
+
+
 def _check_window(window: tuple[int, int] | None, count: int) -> tuple[int, int]:
     """``window`` as (start, stop) within the pool, or the whole pool for ``None``."""
     if window is None:
@@ -577,6 +585,7 @@ def render_svg(
         missing = [rid for rid in drawn if rid not in colors]
         if missing:
             raise ValueError(f"palette has no colour for request {missing[0]!r}")
+        colors = _distinct(colors, [*drawn, *([request] if request else [])])
         chain = [b for b in table if by_id[b].cached_hash is not None] if hash_chain else []
         grid, y, cell = _detail(snapshot, start, stop, colors,
                                 frozenset(table) if table else None, chain)
