@@ -3,7 +3,10 @@
 JupyterLab renders a stored ``image/svg+xml`` output only in a trusted notebook; a lecture
 opened without running it is not trusted, and would show the picture's one line of text.
 A PNG is always safe to show, so every picture carries one beside its SVG (the frontend
-picks the SVG where it may, the PNG elsewhere; GitHub and Colab show either).
+picks the SVG where it may, the PNG elsewhere; GitHub and Colab show either). Trusting the
+course's notebooks instead would need a step in every way of opening them (the lab command,
+the conda route, a plain ``jupyter lab``), would lapse on each edit or pull, and would let
+stored scripts run too; a PNG needs none of that.
 
 The PNG is drawn by matplotlib (already a course dependency, so nothing new to install)
 from the SVG text itself, so the two cannot disagree. Only the subset of SVG the course's
@@ -31,8 +34,8 @@ SCALE = 2
 """Pixels of PNG per SVG pixel: sharp on high-density screens; displayed at SVG size."""
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
-IGNORED = frozenset({"class", "id", "role", "xmlns", "rx", "viewBox"})
-"""Attributes with no effect on the PNG (identity, accessibility, corner rounding)."""
+IGNORED = frozenset({"class", "id", "rx"})
+"""Attributes with no effect on the PNG (identity, and corner rounding too small to see)."""
 
 INHERITED = ("fill", "font-family", "font-size", "font-weight", "text-anchor")
 ANCHORS = {"start": "left", "middle": "center", "end": "right"}
