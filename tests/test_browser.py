@@ -346,8 +346,10 @@ def test_lectures_show_their_pictures_without_running(lab: Lab) -> None:
                 page.wait_for_function(f"([doc, n]) => ({SHOWN_PICTURES})(doc) >= n",
                                        arg=[doc, stored], timeout=UPDATE_MS)
             shown[lecture.name] = (page.evaluate(SHOWN_PICTURES, doc), stored)
-            if stored:
-                page.screenshot(path=str(lab.shots / f"unrun-{lecture.stem[:2]}.png"))
+            if stored:  # the first picture, as the learner sees it
+                picture = page.locator(f"{doc} .jp-OutputArea-output img").first
+                picture.scroll_into_view_if_needed()
+                picture.screenshot(path=str(lab.shots / f"unrun-{lecture.stem[:2]}.png"))
     wrong = {name: f"shows {got} of {want}" for name, (got, want) in shown.items() if got != want}
     assert not wrong, wrong
     assert sum(want for _, want in shown.values()) > 0
@@ -362,7 +364,7 @@ def test_block_pool_widget_follows_its_timeline_slider(lab: Lab) -> None:
         before = (view.get_attribute("data-step"), view.inner_html())
         readout = page.locator(f"{doc} .pool-slider .widget-readout").first
         label = view.locator("svg > g > text").first  # the frame's own label: "step N"
-        assert label.inner_text() == f"step {readout.inner_text().strip()}"
+        assert label.text_content() == f"step {readout.inner_text().strip()}"
         assert page.locator(f"{doc} .pool-hash-chain").count() == 0  # hashes come in 04
         page.screenshot(path=str(lab.shots / "pool-before-page.png"))
         view.screenshot(path=str(lab.shots / "pool-before.png"))
@@ -377,7 +379,7 @@ def test_block_pool_widget_follows_its_timeline_slider(lab: Lab) -> None:
         )
         after = (view.get_attribute("data-step"), view.inner_html())
         view.screenshot(path=str(lab.shots / "pool-after.png"))
-        assert label.inner_text() == f"step {readout.inner_text().strip()}"
+        assert label.text_content() == f"step {readout.inner_text().strip()}"
     assert after[0] != before[0]
     assert after[1] != before[1]  # the drawn pool changed, not only the step label
     assert before[1].count('class="block') and after[1].count('class="block')

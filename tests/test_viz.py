@@ -457,7 +457,7 @@ def test_slider_reads_the_number_each_frame_is_known_by() -> None:
     assert data_step(frame.value) == "2"  # the DOM still counts frames from 0
     assert repr(box).startswith("pool step 5 (frame 3 of 3): step 5:")
     assert repr(timeline).startswith("pool step 3 (frame 2 of 3): step 3:")
-    for bad in ([2, 3], [2, 3, 5.0], [2, 3, True]):
+    for bad in ([2, 3], [2, 3, 5.0], [2, 3, True], 5):
         with pytest.raises(ValueError, match=re.escape(repr(bad))):
             pool_timeline(frames, numbers=bad)
 

@@ -69,7 +69,8 @@ class Timeline(Generic[F]):
         self._controls = controls
         self.step = len(self.frames) - 1 if step is None else self._check_step(step)
         self._opening = 0 if step is None else self.step
-        self.numbers = tuple(range(len(self.frames))) if numbers is None else tuple(numbers)
+        given = numbers if isinstance(numbers, Sequence) else ()
+        self.numbers = tuple(range(len(self.frames))) if numbers is None else tuple(given)
         if len(self.numbers) != len(self.frames) or not all(
                 isinstance(n, int) and not isinstance(n, bool) for n in self.numbers):
             raise ValueError(f"numbers must be {len(self.frames)} integers, one per frame, "
