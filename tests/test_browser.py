@@ -1,8 +1,10 @@
 """The course as a learner sees it: JupyterLab in a real (headless) Chromium.
 
 Headless notebook runs cannot tell whether a widget renders. Each test starts its own
-JupyterLab over a copy of the lectures, opens one lecture notebook in Debian's Chromium
-driven by Playwright, runs it, moves a slider, and checks that what is drawn changes.
+JupyterLab over a copy of the lectures and opens lecture notebooks in Debian's Chromium
+driven by Playwright: either runs one, moves a slider, and checks that what is drawn
+changes, or opens every lecture without running it (not trusted, as a learner first sees
+it) and counts the pictures it shows against the pictures it stores.
 
 Every test is sealed in its ``tmp_path``: HOME, the Jupyter config/data/runtime dirs,
 JupyterLab's settings and workspaces, IPython's profile, the XDG dirs and Chromium's profile
@@ -31,13 +33,16 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
+PICTURES = ("image/png", "image/svg+xml")
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -167,6 +172,9 @@ def start_server(lab: Lab) -> None:
     settings = lab.settings / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)  # no "news" toast over the screenshots
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    tracker = lab.settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)  # every cell in the page, so every output can be counted
+    (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
     with (lab.tmp / "server.log").open("w") as log:
         lab.server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={free_port()}",
@@ -223,8 +231,10 @@ def on_doc(body: str) -> str:
 
 
 @contextmanager
-def notebook_page(lab: Lab, notebook: str) -> Iterator[tuple[object, str]]:
-    """Open `notebook` in a fresh workspace of a fresh Chromium profile and run every cell.
+def notebook_page(lab: Lab, notebook: str, *, run: bool = True,
+                  workspace: str | None = None) -> Iterator[tuple[object, str]]:
+    """Open `notebook` in a fresh workspace of a fresh Chromium profile and, if `run`, run
+    every cell.
 
     Waits on that very document (current, kernel idle), not on whichever widget is current,
     and yields the page with a CSS selector scoped to the notebook's node.
@@ -232,6 +242,7 @@ def notebook_page(lab: Lab, notebook: str) -> Iterator[tuple[object, str]]:
     from playwright.sync_api import sync_playwright
 
     path = f"notebooks/{notebook}"
+    workspace = workspace or lab.workspace
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(lab.tmp / "chromium-profile"), executable_path=str(CHROMIUM),
@@ -239,17 +250,20 @@ def notebook_page(lab: Lab, notebook: str) -> Iterator[tuple[object, str]]:
         )
         try:
             page = context.new_page()
-            page.goto(f"{lab.url}/lab/workspaces/{lab.workspace}/tree/{path}?reset&token={TOKEN}")
+            page.goto(f"{lab.url}/lab/workspaces/{workspace}/tree/{path}?reset&token={TOKEN}")
             page.wait_for_function(on_doc(
                 "const k = doc && doc.sessionContext.session && doc.sessionContext.session.kernel;"
                 " return !!doc && doc === app.shell.currentWidget && doc.context.isReady"
                 " && !!k && k.status === 'idle';"), arg=path, timeout=START_S * 1000)
-            assert_sealed_config(page, lab)
+            assert_sealed_config(page, lab, workspace)
             widget_id, kernel_id = page.evaluate(
                 on_doc("return [doc.id, doc.sessionContext.session.kernel.id];"), path)
             lab.kernel_ids.append(kernel_id)
-            run_all(page, path)
+            if run:
+                run_all(page, path)
             yield page, f'[id="{widget_id}"]'
+            if not run:  # nothing ran in it: free its memory for the next lecture
+                page.evaluate(on_doc("return doc.sessionContext.shutdown();"), path)
         finally:
             context.close()
 
@@ -268,13 +282,13 @@ def run_all(page, path: str) -> None:
     ), arg=path, timeout=RUN_MS)
 
 
-def assert_sealed_config(page, lab: Lab) -> None:
+def assert_sealed_config(page, lab: Lab, workspace: str) -> None:
     """The server the page talks to keeps its settings and workspaces in the tmp home."""
     config = page.evaluate(
         "() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
     for key in ("workspacesDir", "userSettingsDir"):
         assert Path(config[key]).is_relative_to(lab.home), (key, config[key])
-    assert config["workspace"] == lab.workspace
+    assert config["workspace"] == workspace
 
 
 def assert_real_home_untouched(lab: Lab) -> None:
@@ -298,12 +312,60 @@ def assert_real_home_untouched(lab: Lab) -> None:
     assert not ours, f"written under the real home: {ours}"
 
 
+def stored_pictures(path: Path) -> int:
+    """Outputs of a notebook that store a picture (PNG or SVG; one count per output)."""
+    cells = nbformat.read(path, as_version=4).cells
+    return sum(any(key in output.get("data", {}) for key in PICTURES)
+               for cell in cells if cell.cell_type == "code" for output in cell.outputs)
+
+
+SHOWN_PICTURES = (
+    "doc => { const node = document.querySelector(doc);"
+    " const images = [...node.querySelectorAll('.jp-OutputArea-output img')]"
+    "   .filter(img => img.complete && img.naturalWidth > 0);"
+    " const svgs = [...node.querySelectorAll('.jp-RenderedSVG svg')];"
+    " return images.length + svgs.length; }"
+)
+"""Pictures a notebook's outputs show: decoded images and rendered SVG documents."""
+
+
+def test_lectures_show_their_pictures_without_running(lab: Lab) -> None:
+    """Opened, not run and not trusted (no SVG rendered): every stored picture shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    shown: dict[str, tuple[int, int]] = {}
+    for lecture in LECTURES:
+        stored = stored_pictures(lecture)
+        workspace = f"{lab.workspace}-{lecture.stem[:2]}"
+        with notebook_page(lab, lecture.name, run=False, workspace=workspace) as (page, doc):
+            trusted = page.evaluate(on_doc(
+                "return doc.content.widgets.filter(c => c.model.type === 'code')"
+                ".some(c => c.model.trusted);"), f"notebooks/{lecture.name}")
+            assert not trusted, f"{lecture.name} opened trusted: the test would prove nothing"
+            with suppress(PlaywrightTimeout):  # a shortfall is reported below, with counts
+                page.wait_for_function(f"([doc, n]) => ({SHOWN_PICTURES})(doc) >= n",
+                                       arg=[doc, stored], timeout=UPDATE_MS)
+            shown[lecture.name] = (page.evaluate(SHOWN_PICTURES, doc), stored)
+            if stored:  # the first picture, as the learner sees it
+                picture = page.locator(f"{doc} .jp-OutputArea-output img").first
+                picture.scroll_into_view_if_needed()
+                picture.screenshot(path=str(lab.shots / f"unrun-{lecture.stem[:2]}.png"))
+    wrong = {name: f"shows {got} of {want}" for name, (got, want) in shown.items() if got != want}
+    assert not wrong, wrong
+    assert sum(want for _, want in shown.values()) > 0
+    assert_real_home_untouched(lab)
+
+
 def test_block_pool_widget_follows_its_timeline_slider(lab: Lab) -> None:
     with notebook_page(lab, "03_block_tables.ipynb") as (page, doc):
         view = page.locator(f"{doc} #pool-view")
         view.wait_for(timeout=UPDATE_MS)
         view.scroll_into_view_if_needed()
         before = (view.get_attribute("data-step"), view.inner_html())
+        readout = page.locator(f"{doc} .pool-slider .widget-readout").first
+        label = view.locator("svg > g > text").first  # the frame's own label: "step N"
+        assert label.text_content() == f"step {readout.inner_text().strip()}"
+        assert page.locator(f"{doc} .pool-hash-chain").count() == 0  # hashes come in 04
         page.screenshot(path=str(lab.shots / "pool-before-page.png"))
         view.screenshot(path=str(lab.shots / "pool-before.png"))
         handle = page.locator(
@@ -317,6 +379,7 @@ def test_block_pool_widget_follows_its_timeline_slider(lab: Lab) -> None:
         )
         after = (view.get_attribute("data-step"), view.inner_html())
         view.screenshot(path=str(lab.shots / "pool-after.png"))
+        assert label.text_content() == f"step {readout.inner_text().strip()}"
     assert after[0] != before[0]
     assert after[1] != before[1]  # the drawn pool changed, not only the step label
     assert before[1].count('class="block') and after[1].count('class="block')

@@ -7,13 +7,20 @@ drawn HTML is read back through the same ids and classes a browser test uses.
 from __future__ import annotations
 
 import functools
+import io
+import itertools
 import re
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from IPython.core.formatters import DisplayFormatter
+from PIL import Image
 
 from course_lib.kv_math import MODELS
 from course_lib.simulator import SimConfig, simulate
@@ -44,6 +51,7 @@ from course_lib.viz.palette import (
     color_distance,
     owner_colors,
 )
+from course_lib.viz.raster import svg_to_png
 from course_lib.workload import generate_trace
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -379,12 +387,12 @@ def test_timeline_static_form_is_the_chosen_step() -> None:
 
 
 def test_pool_widget_slider_redraws_the_frame() -> None:
-    box = pool_timeline(pool_frames()).widget()
+    box = pool_timeline(pool_frames(), step=2).widget()
     slider = find_widget(box, "pool-slider")
     play = find_widget(box, "pool-play")
     frame = find_widget(box, "pool-frame")
-    assert isinstance(slider, widgets.IntSlider) and isinstance(play, widgets.Play)
-    assert (play.min, play.max, slider.min, slider.max) == (0, 2, 0, 2)
+    assert isinstance(slider, widgets.SelectionSlider) and isinstance(play, widgets.Play)
+    assert (play.min, play.max, slider.options) == (0, 2, (("0", 0), ("1", 1), ("2", 2)))
     assert data_step(frame.value) == "2" and 'id="pool-view"' in frame.value
     colors = owner_colors(["A", "B", "C"])
     fill_of_block_3 = re.compile(r'data-block="3".*?class="fill" fill="(#[0-9a-f]{6})"')
@@ -421,6 +429,134 @@ def test_large_pool_widget_offers_windows() -> None:
     assert 'class="block' in frame.value and 'class="run' not in frame.value
     find_widget(box, "pool-slider").value = 0
     assert data_step(frame.value) == "0"
+
+
+def test_widget_opens_on_the_first_frame_unless_told_otherwise() -> None:
+    timeline = pool_timeline(pool_frames())
+    assert timeline.step == 2  # the static form is the final state
+    box = timeline.widget()
+    slider, play = find_widget(box, "pool-slider"), find_widget(box, "pool-play")
+    frame = find_widget(box, "pool-frame")
+    assert (slider.value, play.value, data_step(frame.value)) == (0, 0, "0")
+    assert repr(box).startswith("pool step 0 of 2")
+    slider.value = 1  # a drag to the right moves forward
+    assert data_step(frame.value) == "1"
+    chosen = pool_timeline(pool_frames(), step=1).widget()
+    assert find_widget(chosen, "pool-slider").value == 1
+
+
+def test_slider_reads_the_number_each_frame_is_known_by() -> None:
+    steps = [2, 3, 5]
+    frames = [replace(f, label=f"step {n}") for f, n in zip(pool_frames(), steps, strict=True)]
+    timeline = pool_timeline(frames, numbers=steps, step=1)
+    box = timeline.widget()
+    slider, frame = find_widget(box, "pool-slider"), find_widget(box, "pool-frame")
+    assert slider.label == "3" and ">step 3</text>" in frame.value
+    slider.value = 2
+    assert slider.label == "5" and ">step 5</text>" in frame.value
+    assert data_step(frame.value) == "2"  # the DOM still counts frames from 0
+    assert repr(box).startswith("pool step 5 (frame 3 of 3): step 5:")
+    assert repr(timeline).startswith("pool step 3 (frame 2 of 3): step 3:")
+    for bad in ([2, 3], [2, 3, 5.0], [2, 3, True], 5):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            pool_timeline(frames, numbers=bad)
+
+
+def test_hash_chain_box_only_when_some_block_has_a_hash() -> None:
+    plain = [replace(f, blocks=tuple(replace(b, cached_hash=None) for b in f.blocks))
+             for f in pool_frames()]
+    box = pool_timeline(plain).widget()
+    find_widget(box, "pool-request")
+    with pytest.raises(LookupError):
+        find_widget(box, "pool-hash-chain")  # chapter 03: no hashes yet, so no box
+    find_widget(pool_timeline(pool_frames()).widget(), "pool-hash-chain")
+
+
+def crowded_pool(window_owners: list[str], others: int) -> PoolSnapshot:
+    """1,024 blocks: blocks 1-511 cycle through ``window_owners``, 512-1023 through
+    ``others`` more requests, so the first 512-block window shows only ``window_owners``."""
+    rest = [f"r{i}" for i in range(others) if f"r{i}" not in window_owners]
+    blocks = [BlockView(0, is_null=True)]
+    for i in range(1, 1024):
+        owners = window_owners if i < 512 else rest
+        blocks.append(BlockView(i, 16, (owners[i % len(owners)],), 1) if owners
+                      else BlockView(i))
+    tables: dict[str, tuple[int, ...]] = {}
+    for block in blocks[1:]:
+        if not block.owners:
+            continue
+        tables[block.owners[0]] = (*tables.get(block.owners[0], ()), block.block_id)
+    return PoolSnapshot(16, tuple(blocks), tables, label="crowded")
+
+
+def owner_fills(svg: str) -> dict[str, set[str]]:
+    """Each drawn owner's fill colours."""
+    fills: dict[str, set[str]] = {}
+    for cell in with_class(parse(svg), "g", "block"):
+        for fill in with_class(cell, "rect", "fill"):
+            fills.setdefault(cell.get("data-owner"), set()).add(fill.get("fill"))
+    return fills
+
+
+def test_zoomed_window_gives_each_visible_request_its_own_colour() -> None:
+    # 67 and 516 were both orange: colours cycled over all 434 requests in natural order,
+    # so requests that share a window could share a colour.
+    visible = [f"r{60 * k}" for k in range(8)]  # every 12th and 20th in natural order
+    snapshot = crowded_pool(visible, others=500)
+    timeline = pool_timeline([snapshot])
+    for svg in (timeline.svg(0, window=(0, 512)),
+                pool_view.render_svg(snapshot, window=(0, 512)),
+                timeline.svg(0, window=(0, 512), request="r60")):
+        fills = owner_fills(svg)
+        assert set(fills) == set(visible)
+        assert all(len(colors) == 1 for colors in fills.values())
+        assert len({c for colors in fills.values() for c in colors}) == len(visible)
+        assert "requests share" not in svg  # no "colours repeat" note when they do not
+    box = timeline.widget()
+    find_widget(box, "pool-window").value = (0, 512)
+    assert len(set(itertools.chain(*owner_fills(find_widget(box, "pool-frame").value)
+                                   .values()))) == len(visible)
+
+
+def test_a_small_zoom_inside_a_crowded_window_has_distinct_colours() -> None:
+    # Lecture 03's zoom: 64 blocks holding 16 requests, inside a 512-block window holding
+    # 221, more than the timeline's palette can keep apart.
+    visible = [f"r{60 * k}" for k in range(8)]
+    crowd = [f"r{i}" for i in range(300) if f"r{i}" not in visible]
+    blocks = [BlockView(0, is_null=True)] + [
+        BlockView(i, 16, ((visible if 256 <= i < 320 else crowd)[i % 8 if 256 <= i < 320
+                                                              else i % len(crowd)],), 1)
+        for i in range(1, 1024)]
+    tables: dict[str, tuple[int, ...]] = {}
+    for block in blocks[1:]:
+        tables[block.owners[0]] = (*tables.get(block.owners[0], ()), block.block_id)
+    timeline = pool_timeline([PoolSnapshot(16, tuple(blocks), tables)])
+    svg = timeline.svg(0, window=(256, 320))
+    fills = owner_fills(svg)
+    assert set(fills) == set(visible)
+    assert len({c for colors in fills.values() for c in colors}) == len(visible)
+    assert "requests share" not in svg
+    assert "requests share" in timeline.svg(0, window=(0, 512))  # 221 cannot all differ
+
+
+def test_more_requests_than_colours_says_colours_repeat() -> None:
+    many = [f"r{i}" for i in range(len(OWNER_COLORS) + 5)]
+    svg = pool_view.render_svg(crowded_pool(many, others=0), window=(0, 512))
+    assert f"{len(many)} requests share {len(OWNER_COLORS)} colours" in svg
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12)), min_size=1, max_size=60))
+def test_timeline_colours_are_distinct_in_every_frame(lives: list[tuple[int, int]]) -> None:
+    """Requests live over consecutive frames (as in any run); whenever at most the palette's
+    size are alive together, every frame shows them in different colours, each request in
+    one colour throughout."""
+    frames = [[f"r{i}" for i, (start, length) in enumerate(lives) if start <= t < start + length]
+              for t in range(43)]
+    colors = owner_colors((f"r{i}" for i in range(len(lives))), together=frames)
+    for alive in frames:
+        if len(alive) <= len(OWNER_COLORS):
+            assert len({colors[r] for r in alive}) == len(alive), alive
 
 
 # --- arena --------------------------------------------------------------------------
@@ -492,10 +628,10 @@ def test_arena_widget_uses_the_shared_timeline() -> None:
     assert isinstance(timeline, Timeline)
     box = timeline.widget()
     frame = find_widget(box, "arena-frame")
-    assert data_step(frame.value) == "1" and 'id="arena-view"' in frame.value
-    find_widget(box, "arena-slider").value = 0
-    assert data_step(frame.value) == "0"
+    assert data_step(frame.value) == "0" and 'id="arena-view"' in frame.value
     assert "no gap fits" in frame.value
+    find_widget(box, "arena-slider").value = 1
+    assert data_step(frame.value) == "1"
     colors = owner_colors("ABCD")
     assert f'class="written" data-request="A" fill="{colors["A"]}"' in frame.value
 
@@ -574,6 +710,66 @@ def test_capacity_static_figure_is_deterministic_and_leaves_no_figures() -> None
     assert plt.get_fignums() == before
 
 
+# --- PNG copies -------------------------------------------------------------------------
+
+
+def png_colors(png: bytes) -> set[str]:
+    """Every colour in a PNG, as ``#rrggbb``."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    return {"#" + bytes(rgb).hex() for _, rgb in image.getcolors(maxcolors=1 << 20)}
+
+
+def displayed(obj: object) -> tuple[dict, dict]:
+    """What Jupyter stores for ``obj``: its mime bundle and metadata."""
+    return DisplayFormatter().format(obj)
+
+
+def test_every_picture_displays_a_png_beside_its_svg() -> None:
+    """An untrusted notebook shows no SVG; the PNG beside it is what a learner sees."""
+    arena = arena_timeline([blocked_arena()])
+    for picture in (pool_picture(small_pool()), pool_timeline(pool_frames()), arena,
+                    arena.at(0), CapacityCalculator()):
+        data, metadata = displayed(picture)
+        assert {"image/svg+xml", "image/png", "text/plain"} <= set(data), type(picture)
+        width = metadata["image/png"]["width"]
+        image = Image.open(io.BytesIO(data["image/png"]))
+        assert image.width == 2 * width  # drawn at twice the size it is shown at
+        assert width == round(float(parse(data["image/svg+xml"]).get("width").rstrip("pt"))
+                              * (4 / 3 if isinstance(picture, CapacityCalculator) else 1))
+
+
+def test_png_draws_what_the_svg_draws() -> None:
+    colors = owner_colors(["A", "B"])
+    png, size = svg_to_png(pool_view.render_svg(small_pool(), request="A", hash_chain=True))
+    seen = png_colors(png)
+    assert {colors["A"], colors["B"], pool_view.CACHE_MARK, pool_view.NULL_FILL} <= seen
+    assert COW_RED in seen  # the copy-on-write outline
+    arena_png, _ = svg_to_png(arena_view.render_svg(blocked_arena()))
+    assert arena_view.HATCH_FILL in png_colors(arena_png)  # the hatch's background
+    assert svg_to_png(pool_view.render_svg(small_pool()))[0] == svg_to_png(
+        pool_view.render_svg(small_pool()))[0]  # deterministic
+    assert size == {"width": 900, "height": round(float(parse(
+        pool_view.render_svg(small_pool(), request="A", hash_chain=True)).get("height")))}
+
+
+@pytest.mark.parametrize(("svg", "named"), [
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><ellipse/></svg>',
+     "<ellipse>"),
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
+     '<rect x="0" y="0" width="1" height="1" transform="rotate(3)"/></svg>', "transform"),
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10">'
+     '<path d="M0 0C1 1 2 2 3 3"/></svg>', "'C'"),
+    ('<svg xmlns="http://www.w3.org/2000/svg" width="ten" height="10"/>', "'ten'"),
+    ("<svg", "not well-formed"),
+    ('<html xmlns="http://www.w3.org/2000/svg"/>', "<html>"),
+])
+def test_png_copy_refuses_svg_it_cannot_draw(svg: str, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        svg_to_png(svg)
+    with pytest.raises(ValueError, match="scale"):
+        svg_to_png(pool_view.render_svg(small_pool()), scale=0)
+
+
 def test_capacity_figure_is_a_pyplot_figure_for_plt_show() -> None:
     fig = CapacityCalculator("opt-13b", budget_gib=14, max_len=2048).figure()
     try:
@@ -632,6 +828,12 @@ def test_concurrency_plot_returns_the_figure() -> None:
 
 
 # --- palette and source -----------------------------------------------------------------
+
+
+def test_palette_colours_are_far_apart() -> None:
+    pairs = itertools.combinations(OWNER_COLORS, 2)
+    assert min(color_distance(a, b) for a, b in pairs) > 17.0  # Tableau's own closest pair
+    assert len(OWNER_COLORS) == 20
 
 
 def test_palette_is_natural_order_and_cycles() -> None:

@@ -318,11 +318,13 @@ def arena_timeline(
 ) -> Timeline[ArenaFrame]:
     """A timeline over arena frames: ``.at(step)`` for a picture, ``.widget()`` to play it.
 
-    One palette over all frames keeps each request's colour.
+    One palette over all frames keeps each request's colour; requests in one frame differ
+    while the palette lasts.
     """
     if len(frames) == 0:
         raise ValueError("frames is empty: an arena timeline needs at least one frame")
-    colors = owner_colors(r.request_id for f in frames for r in f.reservations)
+    colors = owner_colors((r.request_id for f in frames for r in f.reservations),
+                          together=[[r.request_id for r in f.reservations] for f in frames])
 
     def draw(frame: ArenaFrame, *, dom_id: str) -> str:
         return render_svg(frame, rows=rows, palette=colors, dom_id=dom_id)

@@ -1,8 +1,8 @@
 """Chapter 01's capacity calculator and the concurrency-against-context plot.
 
 Every number comes from :mod:`course_lib.kv_math`; this module only chooses inputs and
-draws. :class:`CapacityCalculator` shows as a static figure (SVG: the curve of maximum
-concurrency against maximum length, with the numbers beside it) and, through
+draws. :class:`CapacityCalculator` shows as a static figure (SVG with a PNG copy: the curve
+of maximum concurrency against maximum length, with the numbers beside it) and, through
 ``.widget()``, as sliders and dropdowns whose numbers update live in the HTML element
 ``#capacity-numbers`` (cells ``td[data-key=bytes_per_token|request_bytes|blocks|tokens|
 max_requests]``, raw values in ``data-*`` attributes) beside the curve (``.capacity-figure``).
@@ -34,6 +34,7 @@ from course_lib.kv_math import (
     model_shape,
 )
 from course_lib.viz.palette import OWNER_COLORS
+from course_lib.viz.raster import figure_png
 from course_lib.viz.summary_box import SummaryBox
 
 DEFAULT_MODELS: tuple[str, ...] = ("opt-13b", "llama-2-7b", "llama-3-8b", "qwen2.5-7b",
@@ -223,6 +224,9 @@ class CapacityCalculator:
 
     def _repr_svg_(self) -> str:
         return figure_svg(self._draw(Figure(figsize=(9, 3.4)), with_numbers=True))
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, int]]:
+        return figure_png(self._draw(Figure(figsize=(9, 3.4)), with_numbers=True))
 
     def widget(self) -> SummaryBox:
         """Dropdowns and sliders for every input, the numbers, and the curve, wired up."""

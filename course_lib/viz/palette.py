@@ -1,8 +1,14 @@
-"""Stable colours for requests: the same request keeps its colour in every frame and view.
+"""Stable, distinct colours for requests: one colour per request in every frame and view.
 
-Colours are handed out in natural order of the request ids ("req-2" before "req-10"), so
-consecutive requests get different colours and the assignment does not depend on which
-frame is drawn first. A timeline builds one palette from all its frames.
+Requests drawn together (one frame of a pool, one window of a large pool, one arena) get
+different colours while the palette lasts. With no more requests than colours, each has
+its own. With more, colours are handed out greedily in order of first appearance, each
+request taking the first colour none of the requests drawn with it already has. Over a
+timeline whose frames are the groups, this needs the fewest colours possible (a request is
+present over consecutive frames), so a request keeps its colour in every frame and differs
+from every request beside it as long as at most ``len(OWNER_COLORS)`` are drawn together.
+Beyond that colours must repeat; a request then takes the colour fewest of its companions
+have (and the pool view's legend says colours repeat).
 
 The colours the pool view reserves for its marks (null block, cached-hash mark, unowned and
 many-owner fills) live here too, so the palette can be checked against them: no request
@@ -13,14 +19,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 OWNER_COLORS: tuple[str, ...] = (
     "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948",
     "#9c755f", "#ff9da7", "#b6992d", "#d37295", "#8cd17d", "#a0cbe8",
+    "#6a3d9a", "#e7298a", "#e5c494", "#b15928", "#fccde5", "#1b9e77", "#a6d854", "#fc8d62",
 )
-"""Qualitative palette (Tableau-derived) without the reds, greys and the dark teal used for
-marks (Tableau's #499894 sat too close to :data:`CACHE_MARK` and is replaced by #b6992d)."""
+"""Qualitative palette: twelve Tableau-derived colours without the reds, greys and the dark
+teal used for marks (Tableau's #499894 sat too close to :data:`CACHE_MARK` and is replaced by
+#b6992d), then eight ColorBrewer colours, each the farthest (CIELAB) from those before it."""
 
 SHARED_BY_MANY = "#5b6770"
 """Fill of a block shared by more owners than can be drawn as stripes."""
@@ -50,10 +59,40 @@ def natural_key(request_id: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
-def owner_colors(request_ids: Iterable[str]) -> dict[str, str]:
-    """Map each distinct request id to a palette colour, in natural id order (cycling)."""
-    ordered = sorted(set(request_ids), key=natural_key)
-    return {rid: OWNER_COLORS[i % len(OWNER_COLORS)] for i, rid in enumerate(ordered)}
+def owner_colors(
+    request_ids: Iterable[str],
+    together: Iterable[Sequence[str]] | None = None,
+    preferred: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Map each distinct request id to a palette colour, different within each group.
+
+    While there are no more requests than colours, each has its own, in natural id order.
+    Beyond that, ``together`` lists the groups of requests drawn at the same time (default:
+    all of them at once, which cycles through the palette in natural id order); requests are
+    coloured in order of first appearance in the groups (natural order within a group),
+    then any left over in natural order. A request keeps its ``preferred`` colour (say, a
+    timeline's) unless one coloured before it, and drawn with it, has taken it.
+    """
+    ids = sorted(set(request_ids), key=natural_key)
+    groups = [ids] if together is None else [sorted(g, key=natural_key) for g in together]
+    if len(ids) <= len(OWNER_COLORS):
+        groups = [ids]  # enough colours for every request to have its own
+    preferred = preferred or {}
+    companions: dict[str, set[str]] = {rid: set() for rid in ids}
+    order: dict[str, None] = {}
+    for group in groups:
+        for rid in group:
+            if rid not in companions:
+                raise ValueError(f"request {rid!r} is in a group but not in request_ids")
+            companions[rid].update(group)
+            order.setdefault(rid, None)
+    colors: dict[str, str] = {}
+    for rid in [*order, *(rid for rid in ids if rid not in order)]:
+        taken = Counter(colors[other] for other in companions[rid] if other in colors)
+        choices = dict.fromkeys([*([preferred[rid]] if rid in preferred else []),
+                                 *OWNER_COLORS])
+        colors[rid] = min(choices, key=lambda c: taken[c])  # the first of the least taken
+    return {rid: colors[rid] for rid in ids}
 
 
 def _lab(color: str) -> tuple[float, float, float]:

@@ -170,6 +170,22 @@ def _drawn_ids(snapshot: PoolSnapshot, start: int, stop: int) -> list[str]:
     return sorted(ids, key=natural_key)
 
 
+def _together(snapshot: PoolSnapshot, max_cells: int) -> list[list[str]]:
+    """The groups of requests a picture of ``snapshot`` draws in colour at once: the whole
+    pool when it is drawn in detail, else each window the widget offers."""
+    count = len(snapshot.blocks)
+    windows = [(0, count)] if count <= max_cells else [w for _, w in _windows(count, max_cells)[1:]]
+    return [_drawn_ids(snapshot, start, stop) for start, stop in windows]
+
+
+def _distinct(colors: Mapping[str, str], drawn: Sequence[str]) -> Mapping[str, str]:
+    """``colors``, with clashes among the ``drawn`` requests resolved (a timeline's palette
+    can only keep apart the requests of the windows it knows)."""
+    if len({colors[rid] for rid in drawn}) == len(set(drawn)):
+        return colors
+    return {**colors, **owner_colors(drawn, together=[drawn], preferred=colors)}
+
+
 def _check_window(window: tuple[int, int] | None, count: int) -> tuple[int, int]:
     """``window`` as (start, stop) within the pool, or the whole pool for ``None``."""
     if window is None:
@@ -357,6 +373,9 @@ def _owner_legend(
         items.append((Swatch(colors[rid]), label))
     if len(ids) > limit:
         items.append((Swatch("#ffffff", EDGE), f"+{len(ids) - limit} more requests"))
+    shades = len({colors[rid] for rid in ids})
+    if shades < len(ids):  # more requests than colours: say so rather than mislead
+        items.append((Swatch("#ffffff", EDGE), f"{len(ids)} requests share {shades} colours"))
     return legend(items, y)
 
 
@@ -533,8 +552,12 @@ def render_svg(
     start, stop = _check_window(window, len(snapshot.blocks))
     detail = stop - start <= max_cells
     colors: Mapping[str, str] = {}
-    if detail or request is not None:
-        colors = owner_colors(_request_ids([snapshot])) if palette is None else palette
+    if palette is not None:
+        colors = palette
+    elif detail or request is not None:
+        drawn = _drawn_ids(snapshot, start, stop) if detail else []
+        chosen = [request] if request in _request_ids([snapshot]) else []
+        colors = owner_colors(_request_ids([snapshot]), together=[[*drawn, *chosen]])
     if request is not None and request not in colors:
         raise ValueError(f"request {request!r} appears nowhere in what is drawn")
     table = snapshot.tables.get(request, ()) if request is not None else ()
@@ -562,6 +585,7 @@ def render_svg(
         missing = [rid for rid in drawn if rid not in colors]
         if missing:
             raise ValueError(f"palette has no colour for request {missing[0]!r}")
+        colors = _distinct(colors, [*drawn, *([request] if request else [])])
         chain = [b for b in table if by_id[b].cached_hash is not None] if hash_chain else []
         grid, y, cell = _detail(snapshot, start, stop, colors,
                                 frozenset(table) if table else None, chain)
@@ -610,6 +634,7 @@ def pool_timeline(
     snapshots: Sequence[PoolSnapshot],
     *,
     step: int | None = None,
+    numbers: Sequence[int] | None = None,
     max_cells: int = MAX_CELLS,
     name: str = "pool",
     interval_ms: int = 500,
@@ -618,13 +643,19 @@ def pool_timeline(
     table_focus=...)`` for a static picture, ``.widget()`` for Play, slider, request and
     window choosers.
 
-    Colours come from one palette over all snapshots, so a request keeps its colour.
+    ``step`` and ``numbers`` are :class:`~course_lib.viz.timeline.Timeline`'s (the frame
+    shown, and what the slider calls each frame: pass the steps the snapshots were taken
+    at). The "hash chain" box is offered only when some block carries a prefix-cache hash.
+    Colours come from one palette over all snapshots, so a request keeps its colour, and
+    requests drawn together (in one frame, or one window of a large pool) differ while the
+    palette lasts (see :mod:`course_lib.viz.palette`).
     """
     if len(snapshots) == 0:
         raise ValueError("snapshots is empty: a pool timeline needs at least one snapshot")
     ids = _request_ids(snapshots)
-    colors = owner_colors(ids)
+    colors = owner_colors(ids, together=[g for s in snapshots for g in _together(s, max_cells)])
     largest = max(len(s.blocks) for s in snapshots)
+    hashed = any(b.cached_hash is not None for s in snapshots for b in s.blocks)
 
     def draw(
         snapshot: PoolSnapshot, *, dom_id: str, request: str = "", hash_chain: bool = False,
@@ -640,8 +671,10 @@ def pool_timeline(
                 options=[("none", ""), *((rid, rid) for rid in ids)], value="",
                 description="request",
             ),
-            "hash_chain": widgets.Checkbox(value=False, description="hash chain", indent=False),
         }
+        if hashed:
+            chosen["hash_chain"] = widgets.Checkbox(value=False, description="hash chain",
+                                                    indent=False)
         if largest > max_cells:
             windows = _windows(largest, max_cells)
             chosen["window"] = widgets.Dropdown(options=windows, value=windows[0][1],
@@ -649,4 +682,4 @@ def pool_timeline(
         return chosen
 
     return Timeline(snapshots, draw, name=name, describe=_summary, controls=controls,
-                    step=step, interval_ms=interval_ms)
+                    step=step, numbers=numbers, interval_ms=interval_ms)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.viz.raster import svg_to_png
+
 WIDTH = 900
 """Width in pixels of every course SVG: one notebook column."""
 
@@ -149,6 +151,9 @@ def legend(
 class SvgPicture:
     """A finished drawing: shows as an image in Jupyter, on GitHub and in nbval outputs.
 
+    Displayed, it carries a PNG copy beside the SVG (see :mod:`course_lib.viz.raster`), so
+    a notebook opened without running it shows the picture even where SVG is not trusted.
+
     ``summary`` is the plain-text form (what a frontend that cannot draw SVG shows).
     """
 
@@ -157,6 +162,9 @@ class SvgPicture:
 
     def _repr_svg_(self) -> str:
         return self.svg
+
+    def _repr_png_(self) -> tuple[bytes, dict[str, int]]:
+        return svg_to_png(self.svg)
 
     def __repr__(self) -> str:
         return self.summary
