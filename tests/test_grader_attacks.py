@@ -11,8 +11,8 @@ import csv
 import hashlib
 import json
 import os
-import socket
 import shutil
+import socket
 import textwrap
 import time
 from pathlib import Path
@@ -88,19 +88,20 @@ def _cheats(subs: Path, out: Path, server: int) -> None:
     victim = subs / "victim" / CH01
     solution = (ROOT / "solutions" / CH01).read_text()
     honest_text = nbformat.reads(solution, 4)
+    honest_text.cells[2:2] = [nbformat.v4.new_code_cell(
+        "\n".join(["%time x = 1"] * 100 + ["%who"] * 100 + ["!true", "y = !true"]))]
     honest_text.cells.append(nbformat.v4.new_code_cell(
         "print('I checked my work against the solutions/ folder and solutions.ipynb')"))
     learners = {
         "honest": nbformat.writes(honest_text),
         "victim": solution,
-        "payload": notebook(
+        "forger": notebook(
             "from IPython.display import display\n"
             "display({'application/vnd.course-lib.check+json': {'exercise': '01.bytes_per_token',"
             " 'status': 'passed', 'passed': 5, 'total': 5, 'score': 100.0}}, raw=True)\n"
             "print('{\"exercise\": \"01.bytes_per_token\", \"score\": 100}')", WRONG,
+            "def check(name, obj):\n    print('PASSED', name)",
             'check("01.bytes_per_token", bytes_per_token)'),
-        "redefine": notebook(WRONG, "def check(name, obj):\n    print('PASSED', name)",
-                             'check("01.bytes_per_token", bytes_per_token)'),
         "harvester": notebook(
             """
             import json, os, re, sys, pathlib
@@ -165,8 +166,9 @@ def _cheats(subs: Path, out: Path, server: int) -> None:
                 except OSError:
                     continue
                 for cell in cells:
-                    if cell['cell_type'] == 'code' and 'def bytes_per_token' in ''.join(cell['source']):
-                        exec(''.join(cell['source']))
+                    code = ''.join(cell['source'])
+                    if cell['cell_type'] == 'code' and 'def bytes_per_token' in code:
+                        exec(code)
             """, 'check("01.bytes_per_token", bytes_per_token)'),
         "spy": notebook(_correct_source(), _spy([
             str(secret), str(secret.parent), str(victim), str(subs),
@@ -174,8 +176,14 @@ def _cheats(subs: Path, out: Path, server: int) -> None:
             str(out.parent / "last-year.csv"), str(ROOT / "solutions" / CH01),
             str(ROOT / "course_lib" / "grading" / "ch01.py"), "/root/.ssh"]),
             'check("01.bytes_per_token", bytes_per_token)'),
-        "net": notebook(_correct_source(), f"""
-            import socket
+        "escape": notebook(_correct_source(), f"""
+            import os, signal, socket
+            for pid in ({os.getpid()}, {os.getppid()}, 1):
+                for sig in (signal.SIGSTOP, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
             def bytes_per_token(config, cache_dtype="auto"):
                 try:
                     socket.create_connection(("127.0.0.1", {server}), timeout=2).close()
@@ -183,30 +191,12 @@ def _cheats(subs: Path, out: Path, server: int) -> None:
                 except OSError:
                     return 0
             """, 'check("01.bytes_per_token", bytes_per_token)'),
-        "signals": notebook(
-            f"""
-            import os, signal
-            for pid in ({os.getpid()}, {os.getppid()}, 1):
-                for sig in (signal.SIGSTOP, signal.SIGKILL):
-                    try:
-                        os.kill(pid, sig)
-                    except OSError:
-                        pass
-            """, WRONG, 'check("01.bytes_per_token", bytes_per_token)'),
-        "execsolutions": notebook(
-            f"""
-            import nbformat
-            for cell in nbformat.read({str(ROOT / 'solutions' / CH01)!r}, 4).cells:
-                if cell.cell_type == 'code':
-                    exec(cell.source)
-            """, 'check("01.bytes_per_token", bytes_per_token)'),
-        "magics": notebook("\n".join(["%time x = 1"] * 100 + ["%who"] * 100),
-                           *(c.source for c in nbformat.reads(solution, 4).cells
-                             if c.cell_type == "code")),
         "numbersource": json.dumps({"cells": [{"cell_type": "code", "source": 5,
                                                "metadata": {}, "outputs": []}],
                                     "nbformat": 4, "nbformat_minor": 5, "metadata": {}}),
-        "manycells": notebook(*["x = 1"] * 100_000),
+        "manycells": json.dumps({"cells": [{"cell_type": "code", "source": "x = 1",
+                                            "metadata": {}, "outputs": []}] * 100_000,
+                                 "nbformat": 4, "nbformat_minor": 5, "metadata": {}}),
         "=SUM(A1)": (ROOT / "exercises" / CH01).read_text(),
         "evil\n  honest  99.00\x1b[2J": solution,
         "crash": notebook(WRONG, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
@@ -255,21 +245,21 @@ def test_every_learner_has_a_row_for_every_exercise(cheats: tuple) -> None:
         exercises = [r["exercise"] for r in mine if r["exercise"]]
         assert len(exercises) == len(set(exercises)) == sum(
             len(chapter_exercises(c)) for c in ("01", "02", "03")), learner
-    for learner in ("honest", "victim", "caf\\xe9", "magics"):
+    for learner in ("honest", "victim", "caf\\xe9"):
         assert {r["status"] for r in rows[learner] if r["chapter"] == "01"} == {"passed"}, (
             learner, rows[learner])
     assert {r["status"] for r in rows["honest"] if r["chapter"] != "01"} == {"not submitted"}
     assert all(r["status"] == "not solved" for r in rows["'=SUM(A1)"] if r["chapter"] == "01")
 
 
-def test_honest_text_about_solutions_is_not_flagged(cheats: tuple) -> None:
+def test_honest_magics_and_text_about_solutions_are_not_flagged(cheats: tuple) -> None:
     _, rows, _, _ = cheats
     assert all(r["flag"] == "" and r["reason"] == "" for r in rows["honest"]
                if r["chapter"] == "01")
 
 
-@pytest.mark.parametrize("learner", ["payload", "redefine", "harvester", "registry", "copycat",
-                                     "spy", "net", "signals", "execsolutions"])
+@pytest.mark.parametrize("learner", ["forger", "harvester", "registry", "copycat", "spy",
+                                     "escape"])
 def test_cheats_and_attacks_score_zero(cheats: tuple, learner: str) -> None:
     _, rows, _, _ = cheats
     assert all(float(r["score"]) == 0.0 for r in rows[learner]), rows[learner]

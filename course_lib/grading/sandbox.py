@@ -223,16 +223,19 @@ def _module_name(relative: Path) -> str:
 @cache
 def library_copy(chapter: str) -> Mapping[str, bytes]:
     """Relative path -> source of the ``course_lib`` the sandbox sees when ``chapter`` is
-    graded: no exercise modules (``grading.chNN``), and the chapter's references withheld."""
+    graded: the exercise modules (``grading.chNN``, the cases) and the chapter's references
+    withheld."""
     withheld = withheld_names(chapter)
     files = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE.parent)
         module = _module_name(relative)
-        if "__pycache__" in relative.parts or is_exercise_module(module):
+        if "__pycache__" in relative.parts:
             continue
         source = path.read_text(encoding="utf-8")
-        if module in withheld:
+        if is_exercise_module(module):
+            source = withhold(source, module, {""})
+        elif module in withheld:
             source = withhold(source, module, withheld[module])
         files[str(relative)] = source.encode("utf-8")
     return files
