@@ -22,6 +22,8 @@ from course_lib.grading.check import (
     evaluate,
     first_difference,
     first_failure,
+    hint_for,
+    recognising,
     satisfies,
     strict_equal,
 )
@@ -147,3 +149,22 @@ def test_fresh_cases_join_for_a_seed_only() -> None:
     result = evaluate(exercise, lambda n: n + 1, seed=3)
     assert (result.total, result.status) == (2, "passed")
     assert evaluate(exercise, lambda n: n + 1, seed=3).cases == result.cases
+
+
+def test_recognising_names_the_mistake_a_wrong_value_comes_from() -> None:
+    compare = recognising([(9, "a partly filled block is a block"), (11, "one too many")])
+    case = Case("fn(900, 100)", lambda fn: fn(), 10, "default", compare=compare)
+    assert judged(case, lambda: 9).hint == "a partly filled block is a block"
+    assert judged(case, lambda: 11).differs == "result: got 11, expected 10"
+    assert judged(case, lambda: 11).hint == "one too many"
+    assert judged(case, lambda: 12).hint == "default"
+    assert judged(case, lambda: 10) is None
+    same = Case("fn()", lambda fn: fn(), 10, "default", compare=recognising([(10, "never")]))
+    assert judged(same, lambda: 10) is None
+
+
+def test_hints_match_labels_with_an_index_a_field_or_a_count() -> None:
+    case = Case("c", lambda fn: fn(), 0, "default", hints={"num_free": "count", "a": "A"})
+    for differs in ("num_free: x", "num_free #2: x", "num_free[1]: x", "a.b: x"):
+        assert hint_for(case, differs) in ("count", "A")
+    assert hint_for(case, "num_freed: x") == "default"

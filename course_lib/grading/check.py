@@ -431,10 +431,32 @@ def first_difference(got: Any, expected: Any, equal: Callable[[Any, Any], bool] 
 
 def hint_for(case: Case, differs: str) -> str:
     """The hint of the mistake ``differs`` names: ``case.hints`` by the longest label that
-    leads ``differs`` (``"a"`` matches ``"a: ..."`` and ``"a[2]: ..."``), else ``case.hint``."""
+    leads ``differs`` (``"a"`` matches ``"a: ..."``, ``"a[2]: ..."``, ``"a.b: ..."`` and
+    ``"a #2: ..."``), else ``case.hint``."""
     label = differs.split(": ", 1)[0]
-    matching = [key for key in case.hints if label == key or label.startswith(f"{key}[")]
+    matching = [key for key in case.hints
+                if label == key or (label.startswith(key) and label[len(key)] in "[. ")]
     return case.hints[max(matching, key=len)] if matching else case.hint
+
+
+def recognising(mistakes: Sequence[tuple[Any, str]],
+                equal: Callable[[Any, Any], bool] = approx_equal) -> Callable[[Any, Any], Verdict]:
+    """A ``compare`` that names the mistake a wrong value comes from.
+
+    ``mistakes`` pairs the value a known mistake gives on this case's inputs (computed by
+    the check, in the grader) with the hint for that mistake; a wrong value equal to one of
+    them gets its hint (the first that matches), any other wrong value the case's hints.
+    """
+    def compare(got: Any, expected: Any) -> Verdict:
+        if equal(got, expected):
+            return Verdict(True)
+        differs = first_difference(got, expected, equal) or ""
+        for value, hint in mistakes:
+            if not equal(to_plain(value), expected) and equal(got, to_plain(value)):
+                return Verdict(False, differs, hint)
+        return Verdict(False, differs)
+
+    return compare
 
 
 def _compared(case: Case, got: Any, expected: Any) -> Verdict:
