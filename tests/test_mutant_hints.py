@@ -10,8 +10,8 @@ from types import ModuleType
 
 import pytest
 
-from course_lib.grading import chapter_exercises, find_exercise
-from course_lib.grading.check import evaluate, first_failure
+from course_lib.grading import GRADED_CHAPTERS, chapter_exercises, find_exercise
+from course_lib.grading.check import evaluate, exercise_cases, first_failure
 from tests import mutants
 from tests.mutants import Mutant, Right
 
@@ -57,3 +57,14 @@ def test_every_exercise_keeps_four_mutants_and_a_right_answer(chapter: str) -> N
         assert right[exercise.name] >= 1, exercise.name
     names = [(m.exercise, m.name) for m in table.MUTANTS]
     assert len(names) == len(set(names)), "two mutants share a name"
+
+
+@pytest.mark.parametrize("chapter", GRADED_CHAPTERS)
+def test_every_exercise_has_fresh_cases_drawn_from_the_seed(chapter: str) -> None:
+    """Same seed, same cases; another seed, other inputs (so copied answers earn nothing)."""
+    for exercise in chapter_exercises(chapter):
+        assert exercise.fresh is not None, exercise.name
+        calls = {seed: [case.call for case in exercise.fresh(seed)] for seed in (1, 2)}
+        assert calls[1] and calls[1] == [case.call for case in exercise.fresh(1)]
+        assert calls[1] != calls[2], exercise.name
+        assert len(exercise_cases(exercise, 1)) == len(exercise.cases()) + len(calls[1])
