@@ -115,7 +115,7 @@ def test_a_comparison_may_name_the_mistake_itself() -> None:
 
 
 def test_reports_quote_the_learners_line_never_the_checks() -> None:
-    case = find_exercise("01.predict_vllm_log").cases()[0]  # its run calls list(fn(...))
+    case = find_exercise("03.pack_tables").cases()[0]  # its run reads the rows returned
     failed = judged(case, lambda *args: None)
     assert failed.differs.startswith("raised: TypeError") and "line" not in failed.got
 

@@ -234,8 +234,9 @@ def _log_close(got: Any, want: Any) -> bool:
     numbers = (int, float)
     if isinstance(got, numbers) and isinstance(want, numbers) and type(got) is not bool:
         return math.isclose(got, want, rel_tol=0.0, abs_tol=5e-4)
-    return first_difference(got, want, _log_close) is None if isinstance(
-        want, dict | list) else bool(got == want)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return first_difference(got, want, _log_close) is None
+    return bool(got == want)
 
 
 def _log_lines(gib: float, per_token: int, block: int, max_len: int, *, gib_bytes: float = GIB,
