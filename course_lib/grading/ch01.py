@@ -16,7 +16,14 @@ import math
 import random
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Raises, first_difference, recognising
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    first_difference,
+    labelled,
+    recognising,
+)
 from course_lib.kv_math import (
     DTYPE_BYTES,
     GIB,
@@ -267,19 +274,12 @@ def _predict_case(gib: float, shape: ModelShape, dtype: str, block: int, max_len
         f"fn(available_gib={gib}, layers={shape.layers}, kv_heads={shape.kv_heads}, "
         f"head_dim={shape.head_dim}, dtype_bytes={DTYPE_BYTES[dtype]}, block_size={block}, "
         f"max_len={max_len}) -> (GPU KV cache size (tokens), Maximum concurrency)",
-        lambda fn, g=gib, s=shape, d=dtype, b=block, m=max_len: _labelled_log(
-            fn(g, s.layers, s.kv_heads, s.head_dim, DTYPE_BYTES[d], b, m)),
+        lambda fn, g=gib, s=shape, d=dtype, b=block, m=max_len: labelled(
+            LOG_LABELS, fn(g, s.layers, s.kv_heads, s.head_dim, DTYPE_BYTES[d], b, m)),
         dict(zip(LOG_LABELS, (cap.tokens, round(cap.max_concurrency, 2)), strict=True)),
         "the log's GiB are 2**30 bytes; the cache holds whole blocks; concurrency compares "
         "them with the whole blocks one max_len request needs, rounded as the log rounds",
         compare=recognising(mistakes, _log_close))
-
-
-def _labelled_log(values: Any) -> Any:
-    """The learner's pair as the log labels it; any other value as it is."""
-    if isinstance(values, list | tuple) and len(values) == 2:
-        return {"GPU KV cache size (tokens)": values[0], "Maximum concurrency": values[1]}
-    return values
 
 
 def _predict_log_cases() -> list[Case]:

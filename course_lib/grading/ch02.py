@@ -20,8 +20,10 @@ from course_lib.grading.check import (
     Raises,
     Satisfies,
     Verdict,
+    labelled,
     recognising,
     satisfies,
+    unique_labels,
 )
 from course_lib.slab import SlabAllocator, SlabPolicy
 
@@ -83,23 +85,6 @@ def _fragmentation(num_slots: int, gaps: Sequence[Gap], need: int) -> tuple[int,
 # --- labels, placement mistakes and random inputs ------------------------------------------
 
 
-def unique_labels(calls: Sequence[str]) -> list[str]:
-    """``calls`` as distinct dict keys: a repeated call gets `` #2``, `` #3``, ..."""
-    seen: dict[str, int] = {}
-    labels = []
-    for call in calls:
-        seen[call] = seen.get(call, 0) + 1
-        labels.append(call if seen[call] == 1 else f"{call} #{seen[call]}")
-    return labels
-
-
-def _labelled(labels: Sequence[str], values: Any) -> Any:
-    """A learner's tuple or list as a dict by ``labels``; any other value as it is."""
-    if isinstance(values, list | tuple) and len(values) == len(labels):
-        return dict(zip(labels, values, strict=True))
-    return values
-
-
 FIT_HINTS = {
     "best": "first fit takes the lowest address that holds the slab, not the tightest gap "
             "(that is best fit)",
@@ -155,7 +140,7 @@ def _slot_states_case(policy: SlabPolicy, max_len: int,
                       requests: Sequence[tuple[int, int]]) -> Case:
     slabs, (written, pending, never) = _usage(policy, max_len, requests)
     return Case(f"fn({slabs})  # {policy} -> (written, still to write, never written)",
-                lambda fn, s=slabs: _labelled(SLOT_LABELS, fn(list(s))),
+                lambda fn, s=slabs: labelled(SLOT_LABELS, fn(list(s))),
                 dict(zip(SLOT_LABELS, (written, pending, never), strict=True)),
                 "every reserved slot is in exactly one of the three states", hints=SLOT_HINTS)
 
@@ -168,7 +153,7 @@ def _slot_states_cases() -> list[Case]:
         ("reserve-max", 2048, [(128, 1), (2048, 2048)]),
     ]
     cases = [_slot_states_case(*scenario) for scenario in scenarios]
-    cases.append(Case("fn([])", lambda fn: _labelled(SLOT_LABELS, fn([])),
+    cases.append(Case("fn([])", lambda fn: labelled(SLOT_LABELS, fn([])),
                       dict.fromkeys(SLOT_LABELS, 0), "no slabs: nothing written, nothing "
                       "reserved", hints=SLOT_HINTS))
     impossible = [
@@ -269,7 +254,7 @@ def _no_gap_mistakes(gaps: Sequence[Gap], need: int) -> list[tuple[Any, str]]:
 def _no_gap_fits_case(num_slots: int, gaps: Sequence[Gap], need: int) -> Case:
     stranded, blocked = _fragmentation(num_slots, gaps, need)
     return Case(f"fn(gaps={list(gaps)}, need={need}) -> (stranded, blocked)",
-                lambda fn, g=tuple(gaps), s=need: _labelled(("stranded", "blocked"),
+                lambda fn, g=tuple(gaps), s=need: labelled(("stranded", "blocked"),
                                                             fn(list(g), s)),
                 {"stranded": stranded, "blocked": blocked},
                 "stranded counts the free slots this request can never use where they are; "

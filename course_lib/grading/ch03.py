@@ -16,8 +16,14 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from course_lib.grading.ch02 import _labelled, unique_labels
-from course_lib.grading.check import Case, Exercise, Raises, recognising
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    labelled,
+    recognising,
+    unique_labels,
+)
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.simulator import CostModel
 
@@ -47,7 +53,7 @@ def _last_block_case(tokens: int, block_size: int) -> Case:
          "an empty sequence has no last block: it holds 0 blocks and 0 tokens in them"),
     ]
     return Case(f"fn(tokens={tokens}, block_size={block_size}) -> (blocks, tokens in the last "
-                "block)", lambda fn, t=tokens, b=block_size: _labelled(LAST_LABELS, fn(t, b)),
+                "block)", lambda fn, t=tokens, b=block_size: labelled(LAST_LABELS, fn(t, b)),
                 dict(zip(LAST_LABELS, (blocks, fill), strict=True)),
                 "count the blocks first, then what the last of them holds",
                 compare=recognising(mistakes),

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, recognising, strict_equal
+from course_lib.grading.check import Case, Exercise, labelled, recognising, strict_equal
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
@@ -887,18 +887,11 @@ def _system_prompt_case(prompt: int, chats: int, size: int, hint: str) -> Case:
     return _case(
         f"fn(prompt_tokens={prompt}, chats={chats}, block_size={size}) -> (blocks with sharing, "
         "blocks without sharing)",
-        lambda fn, p=prompt, c=chats, s=size: _pair(fn(p, c, s)),
+        lambda fn, p=prompt, c=chats, s=size: labelled(PROMPT_LABELS, fn(p, c, s)),
         {PROMPT_LABELS[0]: with_, PROMPT_LABELS[1]: without},
         hint,
         mistakes,
     )
-
-
-def _pair(values: Any) -> Any:
-    """The learner's pair, labelled; any other value as it is."""
-    if isinstance(values, list | tuple) and len(values) == 2:
-        return dict(zip(PROMPT_LABELS, values, strict=True))
-    return values
 
 
 def _system_prompt_cases() -> list[Case]:

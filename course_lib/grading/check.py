@@ -155,6 +155,24 @@ class Exercise:
     library; the grader adds them with a seed of its own, so copied answers earn nothing."""
 
 
+def unique_labels(calls: Sequence[str]) -> list[str]:
+    """``calls`` as distinct dict keys: a repeated call gets `` #2``, `` #3``, ..."""
+    seen: dict[str, int] = {}
+    labels = []
+    for call in calls:
+        seen[call] = seen.get(call, 0) + 1
+        labels.append(call if seen[call] == 1 else f"{call} #{seen[call]}")
+    return labels
+
+
+def labelled(labels: Sequence[str], values: Any) -> Any:
+    """A learner's tuple or list as a dict by ``labels`` (for a ``run`` to return, so the
+    report names the part that differs); any other value as it is."""
+    if isinstance(values, list | tuple) and len(values) == len(labels):
+        return dict(zip(labels, values, strict=True))
+    return values
+
+
 def exercise_cases(exercise: Exercise, seed: int | None = None) -> list[Case]:
     """``exercise.cases()``, plus ``exercise.fresh(seed)`` when a seed is given."""
     cases = list(exercise.cases())
