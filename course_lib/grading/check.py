@@ -249,7 +249,8 @@ class CheckResult:
         colour = {"passed": "#1a7f37", "failed": "#cf222e", "not-solved": "#9a6700"}[self.status]
         rows = []
         if self.status == "failed":
-            cell = '<td style="text-align:left;vertical-align:top;word-break:normal">{}</td>'
+            cell = ('<td style="text-align:left;vertical-align:top;padding:2px 8px;'
+                    'border-top:1px solid #d0d7de;word-break:normal">{}</td>')
             for case in self.cases:
                 shown = [f"<code>{html.escape(case.call)}</code>"]
                 if not case.passed:
@@ -262,7 +263,7 @@ class CheckResult:
                             + "".join(cell.format(text) for text in shown) + "</tr>")
         table = ("" if not rows else
                  '<table style="border-collapse:collapse;margin-top:4px"><thead><tr>'
-                 + "".join(f'<th style="text-align:left">{name}</th>' for name in
+                 + "".join(f'<th style="text-align:left;padding:2px 8px">{name}</th>' for name in
                            ("", "case", "what differs", "got", "expected", "hint"))
                  + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
         return (f'<div class="course-check" data-status="{self.status}" '
