@@ -32,7 +32,6 @@ from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCachingBlockPool,
-    PrefixCachingKVManager,
     block_hashes,
     hash_block_tokens,
 )
@@ -489,16 +488,6 @@ def _block_hashes_fresh(seed: int) -> list[Case]:
 # --- 04.longest_cached_prefix -------------------------------------------------------------
 
 
-def _cache_of(pool: PrefixCachingBlockPool) -> dict[BlockHash, int]:
-    """The cache as the exercise sees it: block hash -> the block that holds it."""
-    cache: dict[BlockHash, int] = {}
-    for block in range(1, pool.num_blocks):
-        block_hash = pool.block_hash(block)
-        if block_hash is not None:
-            cache.setdefault(block_hash, block)
-    return cache
-
-
 def _library_lookup(
     cache: Mapping[BlockHash, int], tokens: Sequence[int], size: int, salt: str | None
 ) -> list[int]:
@@ -515,12 +504,14 @@ def _library_lookup(
 def _cached_after(
     size: int, prompts: Sequence[tuple[list[int], str | None]]
 ) -> dict[BlockHash, int]:
-    """The cache after running ``prompts`` (tokens, salt) through the prefix-caching manager."""
-    manager = PrefixCachingKVManager(PrefixCachingBlockPool(256, size))
-    for index, (tokens, salt) in enumerate(prompts):
-        manager.add_sequence(f"r{index}", token_ids=tokens, cache_salt=salt)
-        manager.free_sequence(f"r{index}")
-    return _cache_of(manager.pool)
+    """The cache after ``prompts`` (tokens, salt) ran one after another: each full block's
+    hash -> a block id, new ids in order of first use. Built from the hash chain alone, so
+    the input that travels to the learner's kernel owes nothing to the answer key."""
+    cache: dict[BlockHash, int] = {}
+    for tokens, salt in prompts:
+        for block_hash in block_hashes(tokens, size, cache_salt=salt):
+            cache.setdefault(block_hash, len(cache) + 1)
+    return cache
 
 
 def _lookup_cases() -> list[Case]:
