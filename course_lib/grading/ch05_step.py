@@ -175,6 +175,19 @@ def step_limit(case: Replay) -> int:
     return 2 * (max(r.arrival for r in case.trace) + sum(r.total_len for r in case.trace)) + 8
 
 
+@dataclass(frozen=True)
+class Records:
+    """A closed-loop run's records, shown in the report by their number and last step
+    (``to_plain`` makes it ``{"records": [...]}``)."""
+
+    records: list[dict[str, Any]]
+
+    def __repr__(self) -> str:
+        last = self.records[-1] if self.records else {}
+        ending = f"; step {last['step']} {last['error']}" if "error" in last else ""
+        return f"your results at {len(self.records)} steps{ending}"
+
+
 def closed_loop(fn: Callable[..., Any], case: Replay) -> list[dict[str, Any]]:
     """Drive ``fn`` through ``case``'s trace on its own results: each step's state is the
     learner's previous result after its decode and finishes, plus the step's arrivals.
@@ -251,6 +264,8 @@ def explain_run(records: Any, steps: Sequence[tuple[int, State, State]],
     """None when the learner's closed-loop ``records`` are the simulator's ``steps``; else
     the first step and field that differ, led by the field's name, and the state the step
     started from (the simulator's, which the learner's run shared up to there)."""
+    if isinstance(records, dict):  # the plain form of Records
+        records = records.get("records", [])
     for index, (t, before, want) in enumerate(steps):
         record = records[index] if index < len(records) else None
         where = f"at step {t}, from {_show_state(before)}"
@@ -284,8 +299,8 @@ def replay_case(case: Replay, hint: str) -> Case:
             "previous result")
     expected = Satisfies(f"the simulator's result at each of its {len(steps)} steps",
                          explain=lambda got, steps=steps: explain_run(got, steps, case))
-    return Case(call, lambda fn: closed_loop(fn, case), expected, hint, compare=satisfies,
-                hints=HINTS)
+    return Case(call, lambda fn: Records(closed_loop(fn, case)), expected, hint,
+                compare=satisfies, hints=HINTS)
 
 
 # --- the traces --------------------------------------------------------------------------------

@@ -296,10 +296,22 @@ def _generated(tokens: dict[str, list[int]], requests: dict[str, Request]) -> di
     return {r: tokens[r][len(q.prompt):] for r, q in requests.items()}
 
 
-def observe_run(fn: StepFn, requests: dict[str, Request], num_blocks: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Run:
+    """What a case's run saw: the record of every step and the tokens each request
+    generated; shown in the report by its length (``to_plain`` makes it a dict)."""
+
+    steps: list[dict[str, Any]]
+    tokens: dict[str, list[int]]
+
+    def __repr__(self) -> str:
+        return f"a run of {len(self.steps)} steps generating {self.tokens}"
+
+
+def observe_run(fn: StepFn, requests: dict[str, Request], num_blocks: int) -> Run:
     """A case's run: :func:`drive` ``fn`` and keep its records and generated tokens."""
     tokens, states = drive(fn, requests, num_blocks)
-    return {"steps": states, "tokens": _generated(tokens, requests)}
+    return Run(states, _generated(tokens, requests))
 
 
 # --- the report: the first step and field that differ, and the mistake it shows ---------------
