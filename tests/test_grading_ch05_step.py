@@ -67,7 +67,7 @@ def test_a_stub_is_not_yet_solved() -> None:
 def _check_against_simulator(case: Replay) -> None:
     """Every rebuilt step agrees with the simulator's own per-step timeline, and the steps
     together with its totals: decode steps, preemptions and recomputed tokens."""
-    result = simulate(case.trace, case.config(), record="steps")
+    result = simulate(case.trace, ch05_step.sim_config(case), record="steps")
     timeline = result.timeline
     assert timeline is not None
     steps = simulator_steps(case)
@@ -238,4 +238,39 @@ def test_no_expected_state_travels_with_the_run(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(ch05_step, "simulator_steps", gone)
     records = case.run(suffix_design)
     monkeypatch.undo()
+    assert judge(case, observe(replace(case, run=lambda fn: records), None)).passed
+
+
+_SANDBOX = """
+import importlib.abc, sys
+KEY = {"course_lib.simulator", "course_lib.grading.ch05", "course_lib.grading.ch05_step"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in KEY:
+            raise ImportError("the answer key is not here: " + name)
+sys.meta_path.insert(0, Block())
+import cloudpickle
+from tests.mutants.ch05 import suffix_design
+run = cloudpickle.loads(sys.stdin.buffer.read())
+sys.stdout.buffer.write(cloudpickle.dumps(run(suffix_design)))
+"""
+
+
+def test_the_run_travels_by_value_into_a_process_without_the_answer_key() -> None:
+    """As the grader ships it: cloudpickled by value, run where neither the simulator nor
+    this chapter's grading modules can be imported; its records then pass the judge here."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    case = replay_case(replays()[-1], "hint")
+    cloudpickle.register_pickle_by_value(ch05_step)
+    try:
+        shipped = cloudpickle.dumps(case.run)
+    finally:
+        cloudpickle.unregister_pickle_by_value(ch05_step)
+    done = subprocess.run([sys.executable, "-c", _SANDBOX], input=shipped, capture_output=True,
+                          check=True, timeout=120)
+    records = cloudpickle.loads(done.stdout)
     assert judge(case, observe(replace(case, run=lambda fn: records), None)).passed

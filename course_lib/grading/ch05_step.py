@@ -55,19 +55,21 @@ class Replay:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
 
-    def config(self) -> SimConfig:
-        """The simulator's configuration: one byte per token, so the budget counts slots
-        (one block more than ``num_blocks``: the pool's reserved null block)."""
-        return SimConfig(
-            budget_bytes=(self.num_blocks + 1) * self.block_size, bytes_per_token=1,
-            block_size=self.block_size, max_len=max(r.total_len for r in self.trace),
-            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
-                                      max_num_batched_tokens=self.max_num_batched_tokens))
-
     def call(self, fn: Callable[..., Any], state: State) -> Any:
         """The learner's ``fn`` on a copy of ``state`` (it may change what it is given)."""
         return fn(copy.deepcopy(state), self.block_size, self.max_num_seqs,
                   self.max_num_batched_tokens)
+
+
+def sim_config(replay: Replay) -> SimConfig:
+    """The simulator's configuration for ``replay``: one byte per token, so the budget counts
+    slots (one block more than ``num_blocks``: the pool's reserved null block). Not a method:
+    a :class:`Replay` travels into the learner's process, where the simulator is not."""
+    return SimConfig(
+        budget_bytes=(replay.num_blocks + 1) * replay.block_size, bytes_per_token=1,
+        block_size=replay.block_size, max_len=max(r.total_len for r in replay.trace),
+        scheduler=SchedulerConfig(max_num_seqs=replay.max_num_seqs,
+                                  max_num_batched_tokens=replay.max_num_batched_tokens))
 
 
 @dataclass
@@ -110,7 +112,7 @@ class _Server:
 def simulator_steps(replay: Replay) -> list[tuple[int, State, State]]:
     """``(step, state before, result)`` for every step in which the simulator scheduled
     (idle steps, with nothing running or waiting, are skipped), rebuilt from its event log."""
-    result = simulate(replay.trace, replay.config(), record="full")
+    result = simulate(replay.trace, sim_config(replay), record="full")
     if result.rejections:
         raise ValueError(f"{replay.label}: the simulator rejects {result.rejections}")
     timeline = result.timeline

@@ -58,7 +58,6 @@ MAX_STEPS = 60
 StepFn = Callable[..., Any]
 
 
-@functools.cache
 def exercise_model() -> LlamaModel:
     """A toy Llama (3 layers, 4 query heads, 1 KV head, vocabulary 64) made to be sensitive.
 
@@ -66,7 +65,8 @@ def exercise_model() -> LlamaModel:
     twice that for the query and key projections, so attention scores span several units
     and attention is sharp; ``rope_theta=10`` turns the fastest rotary pair by a radian per
     position. A random model at the usual std 0.02 attends almost uniformly, so there a
-    token fed at a wrong position still gives the same greedy tokens.
+    token fed at a wrong position still gives the same greedy tokens. Built afresh (in
+    milliseconds) by every call, so a case's run carries no model and no cache with it.
     """
     config = tiny_config(num_layers=3, num_kv_heads=1, vocab_size=64, rope_theta=10.0)
     model = LlamaModel(config)
