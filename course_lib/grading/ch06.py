@@ -8,10 +8,14 @@ shuffled tables, GQA groups of 1, 4 and 7, scores large enough to overflow ``exp
 the running maximum, and a block id whose offset passes 2**32 elements.
 
 The learner's code is exercised only through what it returns and raises. A tensor case's
-``run`` returns the learner's tensor(s), which reach the judge as plain nested lists; the
-expected tensors live only in the case's ``Satisfies`` expectation (which the grader strips
-before the learner's code runs), and the judge's verdict (shape, how many elements are wrong,
-the first and the largest error, NaN and inf counts) goes into the report. A Triton kernel
+``run`` returns the learner's tensor(s) with their dtypes (:class:`Returned`), and for the
+kernel exercises the names of the learner's own ``@triton.jit`` functions it launched (a
+launcher that computes in torch, or calls the course's kernel, launched none) while the
+interpreter holds ``tl.dot`` to operands of 16, as Triton 3.0 and 3.1 do on a GPU. The
+expected tensors live only in the case's ``Satisfies`` expectation (:class:`TensorMatch`, in
+the grader's process), whose verdict names the first wrong part by its index (``out[b=2,
+h=5]: largest error 3.1; ...``) and the hint of the mistake it shows (a GQA head mapping, a
+missing mask, an empty split's 0 / 0, the case a mistake alone fails). A Triton kernel
 that still holds its stub raises ``NotImplementedError`` inside the kernel, where Triton wraps
 it (the interpreter in an ``InterpreterError``, the GPU compiler in a ``CompilationError``);
 the cases unwrap it so the report says "not yet solved" rather than "failed".
