@@ -1,19 +1,31 @@
-"""Chapter 05's scheduler-step check: its expected values are the simulator's, step by step;
-a correct design other than the notebook's passes; typical mistakes fail at a named step."""
+"""Chapter 05's scheduler-step check: its expected values are the simulator's, step by step,
+and the learner's function runs closed loop on its own results; a correct design other than
+the notebook's passes; every kept mistake fails at a named step with its own hint; the two
+rules the simulator's states never exercise are caught on hand-made states."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.grading import chapter_exercises, find_exercise
-from course_lib.grading.ch05_step import Replay, replay, replay_case, replays, simulator_steps
-from course_lib.grading.check import CheckResult, evaluate
+from course_lib.grading import ch05_step, chapter_exercises, find_exercise
+from course_lib.grading.ch05_step import (
+    SCHEDULER_STEP,
+    Replay,
+    closed_loop,
+    explain_run,
+    replay_case,
+    replays,
+    simulator_steps,
+)
+from course_lib.grading.check import CheckResult, evaluate, judge, observe
 from course_lib.simulator import simulate
 from course_lib.workload import Request
+from tests.mutants.ch05 import mistaken, suffix_design
 
 NAME = "05.scheduler_step"
 
@@ -22,37 +34,7 @@ def run(obj: Any) -> CheckResult:
     return evaluate(find_exercise(NAME), obj)
 
 
-# --- a correct design unlike the notebook's ----------------------------------------------------
-
-
-def suffix_design(state: dict[str, Any], block_size: int, max_num_seqs: int | None,
-                  max_num_batched_tokens: int | None) -> dict[str, Any]:
-    """Decides the preempted requests first, as the shortest newest-end suffix of the running
-    list whose blocks, with the free ones, cover the claims of the rest; never loops claim by
-    claim, and returns tuples."""
-    running, free = state["running"], state["free_blocks"]
-    full = [r["blocks"] * block_size == r["length"] for r in running]
-    keep = len(running)
-    while sum(full[:keep]) > free + sum(r["blocks"] for r in running[keep:]):
-        keep -= 1
-    gone = running[keep:]
-    free += sum(r["blocks"] for r in gone) - sum(full[:keep])
-    kept = [dict(r, blocks=r["blocks"] + f) for r, f in zip(running[:keep], full, strict=False)]
-    waiting = [{"id": r["id"], "length": r["length"]} for r in gone] + list(state["waiting"])
-    admitted: list[int] = []
-    budget = (max_num_batched_tokens or float("inf")) - len(kept)
-    seats = (max_num_seqs or float("inf")) - len(kept)
-    while not gone and waiting and seats > 0:
-        length = waiting[0]["length"]
-        need = length // block_size + 1
-        if length + 1 > budget or need > free:
-            break
-        head = waiting.pop(0)
-        kept.append({**head, "blocks": need})
-        admitted.append(head["id"])
-        budget, seats, free = budget - length - 1, seats - 1, free - need
-    return {"running": tuple(kept), "waiting": tuple(waiting), "free_blocks": free,
-            "preempted": tuple(r["id"] for r in reversed(gone)), "admitted": tuple(admitted)}
+# --- the other correct design (suffix_design) and the mistakes: tests/mutants/ch05.py -------
 
 
 def test_registered_in_chapter_05() -> None:
@@ -61,7 +43,15 @@ def test_registered_in_chapter_05() -> None:
 
 def test_another_correct_design_passes() -> None:
     result = run(suffix_design)
-    assert result.status == "passed" and result.total >= 9, result.report_text()
+    assert result.status == "passed" and result.total >= 12, result.report_text()
+
+
+def test_fresh_cases_are_seeded_and_a_correct_design_passes_them() -> None:
+    assert [c.call for c in SCHEDULER_STEP.fresh(5)] == [c.call for c in SCHEDULER_STEP.fresh(5)]
+    assert [c.call for c in SCHEDULER_STEP.fresh(5)] != [c.call for c in SCHEDULER_STEP.fresh(6)]
+    for seed in (0, 1):
+        for case in SCHEDULER_STEP.fresh(seed):
+            assert judge(case, observe(case, suffix_design)).passed, case.call
 
 
 def test_a_stub_is_not_yet_solved() -> None:
@@ -77,7 +67,7 @@ def test_a_stub_is_not_yet_solved() -> None:
 def _check_against_simulator(case: Replay) -> None:
     """Every rebuilt step agrees with the simulator's own per-step timeline, and the steps
     together with its totals: decode steps, preemptions and recomputed tokens."""
-    result = simulate(case.trace, case.config(), record="steps")
+    result = simulate(case.trace, ch05_step.sim_config(case), record="steps")
     timeline = result.timeline
     assert timeline is not None
     steps = simulator_steps(case)
@@ -100,13 +90,13 @@ def _check_against_simulator(case: Replay) -> None:
         sum(len(out["preempted"]) for out in scheduled.values()), recomputed)
 
 
-@pytest.mark.parametrize("case", [case for case, _ in replays()], ids=lambda c: c.label)
+@pytest.mark.parametrize("case", replays(), ids=lambda c: c.label)
 def test_rebuilt_steps_agree_with_the_simulator(case: Replay) -> None:
     _check_against_simulator(case)
 
 
 def test_the_seeded_traces_preempt_and_the_edge_cases_bind() -> None:
-    cases = {case.label: simulator_steps(case) for case, _ in replays()}
+    cases = {case.label: simulator_steps(case) for case in replays()}
     for label, steps in cases.items():
         if label.startswith("seeded"):
             assert sum(len(out["preempted"]) for _, _, out in steps) >= 3, label
@@ -144,92 +134,63 @@ def small_servers(draw: st.DrawFn) -> Replay:
 def test_random_servers_rebuilt_steps_match_the_simulator_and_the_rules(case: Replay) -> None:
     _check_against_simulator(case)
     steps = simulator_steps(case)
-    assert replay(suffix_design, case, steps) == [out for _, _, out in steps]
+    records = closed_loop(suffix_design, case)
+    assert [r["result"] for r in records] == [out for _, _, out in steps]
+    assert explain_run(records, steps, case) is None
 
 
-# --- typical mistakes fail at a named step -----------------------------------------------------
-
-
-def mistaken(*, oldest_victim: bool = False, requeue_at_back: bool = False,
-             skip_blocked_head: bool = False, blocks_for_length: bool = False,
-             needs_spare_block: bool = False, decode_tokens_free: bool = False,
-             no_token_budget: bool = False, no_seq_limit: bool = False,
-             step_token_free: bool = False) -> Any:
-    """The notebook's design with one mistake switched on."""
-
-    def cost(head: dict[str, int]) -> int:
-        """An admission's tokens: its prefill and (unless mistaken) the token it writes."""
-        return head["length"] + (0 if step_token_free else 1)
-
-    def schedule_step(state: dict[str, Any], block_size: int, max_num_seqs: int | None,
-                      max_num_batched_tokens: int | None) -> dict[str, Any]:
-        running, waiting = list(state["running"]), list(state["waiting"])
-        free, preempted, admitted = state["free_blocks"], [], []
-        for request in list(running):
-            if request not in running or request["blocks"] * block_size > request["length"]:
-                continue
-            while free == 0:
-                victim = running.pop(0 if oldest_victim else -1)
-                free += victim["blocks"]
-                preempted.append(victim["id"])
-                entry = {"id": victim["id"], "length": victim["length"]}
-                waiting.insert(len(waiting) if requeue_at_back else 0, entry)
-                if victim is request:
-                    break
-            if request in running:
-                request["blocks"] += 1
-                free -= 1
-        tokens, k = (0 if decode_tokens_free else len(running)), 0
-        while not preempted and k < len(waiting):
-            head = waiting[k]
-            need = (-(-head["length"] // block_size) if blocks_for_length
-                    else head["length"] // block_size + 1)
-            fits = (need < free) if needs_spare_block else (need <= free)
-            if max_num_seqs is not None and not no_seq_limit:
-                fits = fits and len(running) < max_num_seqs
-            if max_num_batched_tokens is not None and not no_token_budget:
-                fits = fits and tokens + cost(head) <= max_num_batched_tokens
-            if not fits:
-                if not skip_blocked_head:
-                    break
-                k += 1
-                continue
-            waiting.pop(k)
-            running.append({**head, "blocks": need})
-            admitted.append(head["id"])
-            free, tokens = free - need, tokens + cost(head)
-        return {"running": running, "waiting": waiting, "free_blocks": free,
-                "preempted": preempted, "admitted": admitted}
-
-    return schedule_step
+# --- typical mistakes fail at a named step, each with its own hint ------------------------------
 
 
 def test_the_mistake_free_variant_passes() -> None:
     assert run(mistaken()).status == "passed"
 
 
-@pytest.mark.parametrize(
-    ("mistake", "needle"),
-    [("oldest_victim", "preempted [0] but the simulator has [2]"),
-     ("requeue_at_back", "waiting [3:2 2:7] but the simulator has [2:7 3:2]"),
-     ("skip_blocked_head", "admitted [3] but the simulator has []"),
-     ("blocks_for_length", "running [0:4/1] but the simulator has [0:4/2]"),
-     ("needs_spare_block", "admitted [] but the simulator has [2]"),
-     ("decode_tokens_free", "admitted [2] but the simulator has []"),
-     ("no_token_budget", "admitted [0, 1, 2] but the simulator has [0]"),
-     ("step_token_free", "admitted [0, 1] but the simulator has [0]"),
-     ("no_seq_limit", "admitted [0, 1, 2, 3, 4] but the simulator has [0, 1]")],
-)
-def test_mistakes_fail_at_the_first_differing_step(mistake: str, needle: str) -> None:
+MUTANTS = {  # mistake: (its first difference, the hint its report must show)
+    "oldest_victim": ("preempted: got [0], the simulator has [2]", ch05_step.PREEMPT),
+    "requeue_at_back": ("waiting: got [3:2 2:7], the simulator has [2:7 3:2]",
+                        ch05_step.REQUEUE),
+    "skip_blocked_head": ("admitted: got [3], the simulator has []", ch05_step.IN_ORDER),
+    "blocks_for_length": ("running: got [0:4/1], the simulator has [0:4/2]", ch05_step.GROW),
+    "needs_spare_block": ("admitted: got [], the simulator has [2]", ch05_step.ADMIT),
+    "decode_tokens_free": ("admitted: got [2], the simulator has []", ch05_step.BUDGET),
+    "no_token_budget": ("admitted: got [0, 1, 2], the simulator has [0]", ch05_step.BUDGET),
+    "step_token_free": ("admitted: got [0, 1], the simulator has [0]", ch05_step.BUDGET),
+    "no_seq_limit": ("admitted: got [0, 1, 2, 3, 4], the simulator has [0, 1]",
+                     ch05_step.ADMIT),
+    "claims_on_length": ("preempted: got [1], the rule gives []",
+                         ch05_step.SCENES[0].hint),
+    "admits_after_preempting": ("admitted: got [1, 2], the rule gives []",
+                                ch05_step.SCENES[1].hint),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(MUTANTS))
+def test_each_mistake_fails_at_its_step_with_its_own_hint(mistake: str) -> None:
     result = run(mistaken(**{mistake: True}))
     assert result.status == "failed"
+    differs, hint = MUTANTS[mistake]
     failing = [case for case in result.cases if not case.passed]
-    assert any(needle in case.got for case in failing), result.report_text()
+    assert any(case.differs.startswith(differs) and case.hint == hint for case in failing), (
+        result.report_text())
     report = result.report_text()
     for case in failing:
-        assert case.got[1:].startswith("step ") and "; from running [" in case.got
-        assert f"got      {case.got}" in report and f"hint     {case.hint}" in report
-        assert "the simulator's result at each of the" in case.expected
+        assert "line " not in case.got and "Mismatch" not in report
+        assert f"differs  {case.differs}" in report and f"hint     {case.hint}" in report
+
+
+def test_the_budget_hint_names_the_rule_a_learner_may_have_used() -> None:
+    assert "length + 1" in ch05_step.BUDGET and "serving core" in ch05_step.BUDGET
+
+
+@settings(max_examples=30, deadline=None)
+@given(small_servers())
+def test_the_two_hand_made_rules_never_show_in_the_simulators_states(case: Replay) -> None:
+    """Why they need hand-made states: on every state the simulator makes, a variant that
+    claims when length % block_size == 0 and admits after preempting does what it does."""
+    variant = mistaken(claims_on_length=True, admits_after_preempting=True)
+    steps = simulator_steps(case)
+    assert explain_run(closed_loop(variant, case), steps, case) is None
 
 
 def test_a_crash_or_a_malformed_result_names_the_step() -> None:
@@ -242,9 +203,74 @@ def test_a_crash_or_a_malformed_result_names_the_step() -> None:
             raise KeyError("length")
         return suffix_design(state, *limits)
 
-    assert replay(crashes_later, case, steps).startswith("step 1: raised KeyError: 'length'; "
-                                                         "from running [0:4/1]")
-    assert replay(lambda *args: {"running": []}, case, steps).startswith(
-        "step 0: cannot read {'running': []} (KeyError: 'waiting'); a result is a dict of")
+    found = explain_run(closed_loop(crashes_later, case), steps, case)
+    assert found is not None and found.differs.startswith(
+        "result: raised KeyError: 'length' (at step 1, from running [0:4/1]")
+    found = explain_run(closed_loop(lambda *args: {"running": []}, case), steps, case)
+    assert found is not None and found.differs.startswith(
+        "result: cannot read {'running': []} (KeyError: 'waiting'); a result is a dict of")
     bad = replay_case(case, "hint")
-    assert not bad.compare(bad.run(lambda *args: None), bad.expected)
+    assert not judge(bad, observe(bad, lambda *args: None)).passed
+
+
+def test_a_run_that_never_ends_is_cut_off_and_reported() -> None:
+    case = Replay("one", (Request(0, 3, 2),), 4, 4)
+
+    def never_admits(state: dict[str, Any], *limits: Any) -> dict[str, Any]:
+        return {**state, "preempted": [], "admitted": []}
+
+    records = closed_loop(never_admits, case)
+    assert len(records) == ch05_step.step_limit(case)
+    found = explain_run(records, simulator_steps(case), case)
+    assert found is not None and found.differs.startswith("admitted: got []")
+
+
+def test_no_expected_state_travels_with_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run holds only the trace, and works with the simulator gone (as in the sandbox,
+    where the exercise's reference modules raise when used)."""
+    case = replay_case(replays()[0], "hint")
+    assert [type(cell.cell_contents) for cell in case.run.__closure__ or ()] == [Replay]
+
+    def gone(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the reference is not available here")
+
+    monkeypatch.setattr(ch05_step, "simulate", gone)
+    monkeypatch.setattr(ch05_step, "simulator_steps", gone)
+    records = case.run(suffix_design)
+    monkeypatch.undo()
+    assert judge(case, observe(replace(case, run=lambda fn: records), None)).passed
+
+
+_SANDBOX = """
+import importlib.abc, sys
+KEY = {"course_lib.simulator", "course_lib.grading.ch05", "course_lib.grading.ch05_step"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in KEY:
+            raise ImportError("the answer key is not here: " + name)
+sys.meta_path.insert(0, Block())
+import cloudpickle
+from tests.mutants.ch05 import suffix_design
+run = cloudpickle.loads(sys.stdin.buffer.read())
+sys.stdout.buffer.write(cloudpickle.dumps(run(suffix_design)))
+"""
+
+
+def test_the_run_travels_by_value_into_a_process_without_the_answer_key() -> None:
+    """As the grader ships it: cloudpickled by value, run where neither the simulator nor
+    this chapter's grading modules can be imported; its records then pass the judge here."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    case = replay_case(replays()[-1], "hint")
+    cloudpickle.register_pickle_by_value(ch05_step)
+    try:
+        shipped = cloudpickle.dumps(case.run)
+    finally:
+        cloudpickle.unregister_pickle_by_value(ch05_step)
+    done = subprocess.run([sys.executable, "-c", _SANDBOX], input=shipped, capture_output=True,
+                          check=True, timeout=120)
+    records = cloudpickle.loads(done.stdout)
+    assert judge(case, observe(replace(case, run=lambda fn: records), None)).passed

@@ -4,13 +4,26 @@ The lecture states the bytes-per-token formula for a model shape; exercise 1 ask
 next step a deployment needs, the same number read from a Hugging Face ``config.json``
 (where the KV heads and the head size are often implicit). Exercise 5 runs the capacity
 sum backwards, from a required concurrency to the longest request that allows it.
+
+Every case recognises the numbers the usual slips give on its inputs (reading the query
+heads as KV heads, forgetting the value vector, rounding blocks down, ...), so a wrong
+answer is told which slip it looks like.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Raises
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    first_difference,
+    labelled,
+    recognising,
+)
 from course_lib.kv_math import (
     DTYPE_BYTES,
     GIB,
@@ -58,9 +71,32 @@ def _config_bytes(config: dict[str, Any], cache_dtype: str) -> int:
                            config.get("head_dim", config["hidden_size"] // heads), dtype)
 
 
+def _config_mistakes(config: dict[str, Any], cache_dtype: str) -> list[tuple[int, str]]:
+    """What each recognised slip gives for ``config``, with its hint."""
+    heads = config["num_attention_heads"]
+    right = _config_bytes(config, cache_dtype)
+    kv, dim = config.get("num_key_value_heads", heads), config["hidden_size"] // heads
+    return [
+        (right // kv * heads, "with grouped-query attention the cache holds num_key_value_heads "
+                              "heads, not num_attention_heads"),
+        (right // config.get("head_dim", dim) * dim,
+         "a config that writes head_dim means it: it is not always hidden_size over the heads"),
+        (right // 2, "every layer keeps a key and a value vector for each KV head: two vectors"),
+        (_config_bytes(config, "auto"),
+         "cache_dtype sets the bytes of the cache's numbers; only 'auto' means the weights' "
+         "torch_dtype"),
+    ]
+
+
+def _config_case(label: str, config: dict[str, Any], dtype: str) -> Case:
+    return Case(f"fn(config, cache_dtype={dtype!r})  # {label}: config = {config}",
+                lambda fn, c=dict(config), d=dtype: fn(dict(c), d), _config_bytes(config, dtype),
+                "every layer keeps a key and a value vector for each KV head; read the KV heads "
+                "and the head size the way the config defines them when they are not written",
+                compare=recognising(_config_mistakes(config, dtype)))
+
+
 def _bytes_per_token_cases() -> list[Case]:
-    hint = ("every layer keeps a key and a value vector for each KV head; read the KV heads "
-            "and the head size the way the config defines them when they are not written")
     configs = [
         ("llama-3-8b, bf16 weights", config_of(MODELS["llama-3-8b"]), "auto"),
         ("opt-13b: no num_key_value_heads key", config_of(MODELS["opt-13b"], "float16",
@@ -73,11 +109,7 @@ def _bytes_per_token_cases() -> list[Case]:
         ("llama-3-70b, fp32 weights, fp16 cache", config_of(MODELS["llama-3-70b"], "float32"),
          "fp16"),
     ]
-    cases = [
-        Case(f"fn(config, cache_dtype={dtype!r})  # {label}: config = {config}",
-             lambda fn, c=config, d=dtype: fn(dict(c), d), _config_bytes(config, dtype), hint)
-        for label, config, dtype in configs
-    ]
+    cases = [_config_case(*entry) for entry in configs]
     missing = {k: v for k, v in config_of(MODELS["llama-3-8b"]).items()
                if k != "num_hidden_layers"}
     zero = config_of(MODELS["llama-3-8b"]) | {"num_hidden_layers": 0}
@@ -97,18 +129,44 @@ def _bytes_per_token_cases() -> list[Case]:
     return cases
 
 
+def _bytes_per_token_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for index in range(3):
+        heads = rng.choice([8, 16, 32, 40, 64])
+        kv = rng.choice([d for d in (1, 2, 4, 8, heads) if heads % d == 0])
+        shape = ModelShape(f"seeded-{index}", rng.randint(2, 96), heads, kv,
+                           rng.choice([64, 80, 128]), "drawn for a fresh case")
+        config = config_of(shape, rng.choice(sorted(TORCH_DTYPES)),
+                           implicit_kv=kv == heads and rng.random() < 0.5,
+                           head_dim=rng.random() < 0.5)
+        if rng.random() < 0.3:
+            config = config | {"head_dim": rng.choice([96, 160, 256])}
+        dtype = rng.choice(["auto", "auto", "fp8", "fp16", "fp32"])
+        cases.append(_config_case(f"seeded model {index + 1}", config, dtype))
+    return cases
+
+
 # --- exercise 2: blocks for a sequence -----------------------------------------------------
 
 
+def _blocks_case(tokens: int, block_size: int) -> Case:
+    mistakes = [  # the float slip first: on huge lengths it also looks like rounding down
+        (math.ceil(tokens / block_size) if tokens >= 0 else None,
+         "stay in integers: a float cannot hold every large integer exactly"),
+        (tokens // block_size, "a partly filled last block is still a whole block"),
+        (tokens // block_size + 1, "a length that fills its blocks exactly needs no extra block"),
+    ]
+    return Case(f"fn(tokens={tokens}, block_size={block_size})",
+                lambda fn, t=tokens, b=block_size: fn(t, b), blocks_needed(tokens, block_size),
+                "a partly filled last block is still a whole block; stay in integers",
+                compare=recognising(mistakes))
+
+
 def _blocks_needed_cases() -> list[Case]:
-    hint = "a partly filled last block is still a whole block; stay in integers"
     pairs = [(900, 16), (896, 16), (1, 16), (16, 16), (17, 16), (0, 16), (1000, 128),
              (2**60 + 1, 16)]
-    cases = [
-        Case(f"fn(tokens={t}, block_size={b})", lambda fn, t=t, b=b: fn(t, b),
-             blocks_needed(t, b), hint)
-        for t, b in pairs
-    ]
+    cases = [_blocks_case(t, b) for t, b in pairs]
     cases.append(Case("fn(tokens=10, block_size=0)", lambda fn: fn(10, 0), Raises(ValueError),
                       "a block of zero tokens is impossible: raise ValueError"))
     cases.append(Case("fn(tokens=-5, block_size=16)", lambda fn: fn(-5, 16), Raises(ValueError),
@@ -116,21 +174,43 @@ def _blocks_needed_cases() -> list[Case]:
     return cases
 
 
+def _blocks_needed_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    sizes = [rng.choice([8, 16, 32, 128]) for _ in range(3)]
+    return [_blocks_case(rng.choice([rng.randint(1, 999) * b, rng.randint(1, 10**6),
+                                     2**rng.randint(54, 62) + rng.randint(1, b - 1)]), b)
+            for b in sizes]
+
+
 # --- exercise 3: requests that fit at a maximum length ----------------------------------------
 
 
+def _max_requests_case(budget: int, per_token: int, max_len: int, block_size: int) -> Case:
+    whole = budget // (per_token * block_size)
+    mistakes = [  # the slips often agree; the first case tells all three apart
+        (whole * block_size // max_len, "a request reserves whole blocks, however few of its "
+                                        "last block's slots it could fill: count blocks per "
+                                        "request, not tokens"),
+        (whole // max(max_len // block_size, 1), "a request reserves whole blocks for max_len "
+                                                 "tokens: its partly filled last block counts"),
+        (budget // (per_token * max_len), "the budget holds whole blocks only: count its "
+                                          "blocks before sharing them out"),
+    ]
+    return Case(f"fn(budget_bytes={budget}, bytes_per_token={per_token}, max_len={max_len}, "
+                f"block_size={block_size})",
+                lambda fn, a=(budget, per_token, max_len, block_size): fn(*a),
+                capacity(per_token, budget, block_size, max_len).max_requests,
+                "the budget holds whole blocks only, and a request reserves whole blocks for "
+                "max_len tokens", compare=recognising(mistakes))
+
+
 def _max_requests_cases() -> list[Case]:
-    hint = ("the budget holds whole blocks only, and a request reserves whole blocks for "
-            "max_len tokens, however few of its last block's slots it could fill")
     guide, opt = MODELS["guide-8kv"].bytes_per_token(), MODELS["opt-13b"].bytes_per_token()
-    settings = [(60 * GIB, guide, 8192, 16), (14 * GIB, opt, 2048, 16),
+    settings = [(1_182_793_728, guide, 1000, 128), (60 * GIB, guide, 8192, 16),
+                (14 * GIB, opt, 2048, 16),
                 (14 * GIB, opt, 256, 16), (60 * GIB, guide, 1000, 128), (1 * GIB, guide, 8192, 16),
                 (60 * GIB, guide, 4000, 128), (3 * GIB - 1, guide, 16, 16)]
-    cases = [
-        Case(f"fn(budget_bytes={b}, bytes_per_token={p}, max_len={m}, block_size={s})",
-             lambda fn, b=b, p=p, m=m, s=s: fn(b, p, m, s), capacity(p, b, s, m).max_requests, hint)
-        for b, p, m, s in settings
-    ]
+    cases = [_max_requests_case(*setting) for setting in settings]
     bad = "raise ValueError naming the bad argument (every argument, not only the first)"
     cases += [
         Case(f"fn(budget_bytes={b}, bytes_per_token={p}, max_len={m}, block_size={s})",
@@ -141,12 +221,68 @@ def _max_requests_cases() -> list[Case]:
     return cases
 
 
+def _max_requests_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    names = sorted(MODELS)
+    return [_max_requests_case(rng.randint(1, 80) * GIB + rng.randint(0, GIB),
+                               MODELS[rng.choice(names)].bytes_per_token(),
+                               rng.choice([rng.randint(100, 33_000), 1024 * rng.randint(1, 32)]),
+                               rng.choice([16, 32, 128])) for _ in range(3)]
+
+
 # --- exercise 4: predict vLLM's log lines -----------------------------------------------------
 
 
+LOG_LABELS = ("GPU KV cache size (tokens)", "Maximum concurrency")
+
+
+def _log_close(got: Any, want: Any) -> bool:
+    """Equal as the log prints them: numbers to within its two decimals, the rest exactly."""
+    numbers = (int, float)
+    if isinstance(got, numbers) and isinstance(want, numbers) and type(got) is not bool:
+        return math.isclose(got, want, rel_tol=0.0, abs_tol=5e-4)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return first_difference(got, want, _log_close) is None
+    return bool(got == want)
+
+
+def _log_lines(gib: float, per_token: int, block: int, max_len: int, *, gib_bytes: float = GIB,
+               whole_blocks: bool = True, request_blocks: float | None = None,
+               rounding: Any = round) -> dict[str, Any]:
+    """The two numbers of the log, or what a slip (in the keywords) makes of them."""
+    blocks = int(gib * gib_bytes // (per_token * block))
+    tokens = blocks * block if whole_blocks else int(gib * gib_bytes // per_token)
+    per_request = request_blocks if request_blocks is not None else -(-max_len // block)
+    return dict(zip(LOG_LABELS, (tokens, rounding(blocks / per_request * 100) / 100),
+                    strict=True))
+
+
+def _predict_case(gib: float, shape: ModelShape, dtype: str, block: int, max_len: int) -> Case:
+    per = shape.bytes_per_token(dtype)
+    cap = capacity(per, gib * GIB, block, max_len)
+    mistakes = [
+        (_log_lines(gib, per, block, max_len, gib_bytes=1e9),
+         "the log's GiB are 2**30 bytes, not 10**9"),
+        (_log_lines(gib, per, block, max_len, request_blocks=max_len / block),
+         "a request reserves whole blocks: round max_len up to whole blocks before dividing"),
+        (_log_lines(gib, per, block, max_len, rounding=math.floor),
+         "the log rounds the concurrency to 2 decimals; it does not cut the rest off"),
+        (_log_lines(gib, per, block, max_len, whole_blocks=False),
+         "the cache holds whole blocks only: its token count is a whole number of blocks"),
+    ]
+    return Case(
+        f"fn(available_gib={gib}, layers={shape.layers}, kv_heads={shape.kv_heads}, "
+        f"head_dim={shape.head_dim}, dtype_bytes={DTYPE_BYTES[dtype]}, block_size={block}, "
+        f"max_len={max_len}) -> (GPU KV cache size (tokens), Maximum concurrency)",
+        lambda fn, g=gib, s=shape, d=dtype, b=block, m=max_len: labelled(
+            LOG_LABELS, fn(g, s.layers, s.kv_heads, s.head_dim, DTYPE_BYTES[d], b, m)),
+        dict(zip(LOG_LABELS, (cap.tokens, round(cap.max_concurrency, 2)), strict=True)),
+        "the log's GiB are 2**30 bytes; the cache holds whole blocks; concurrency compares "
+        "them with the whole blocks one max_len request needs, rounded as the log rounds",
+        compare=recognising(mistakes, _log_close))
+
+
 def _predict_log_cases() -> list[Case]:
-    hint = ("the log's GiB are 2**30 bytes; the cache holds whole blocks; concurrency compares "
-            "them with the whole blocks one max_len request needs, rounded as the log rounds")
     settings = [
         (60.0, MODELS["guide-8kv"], "fp16", 16, 8192),
         (21.5, MODELS["llama-3-8b"], "fp16", 16, 8192),
@@ -155,25 +291,15 @@ def _predict_log_cases() -> list[Case]:
         (20.0, MODELS["llama-3-8b"], "fp16", 16, 10_100),
         (7.3, MODELS["llama-2-7b"], "fp16", 16, 4096),
     ]
+    return [_predict_case(*setting) for setting in settings]
 
-    def expected(gib: float, shape: ModelShape, dtype: str, block: int,
-                 max_len: int) -> tuple[int, float]:
-        cap = capacity(shape.bytes_per_token(dtype), gib * GIB, block, max_len)
-        return cap.tokens, round(cap.max_concurrency, 2)
 
-    return [
-        Case(
-            f"fn(available_gib={g}, layers={s.layers}, kv_heads={s.kv_heads}, "
-            f"head_dim={s.head_dim}, dtype_bytes={DTYPE_BYTES[d]}, block_size={b}, max_len={m})",
-            lambda fn, g=g, s=s, d=d, b=b, m=m: list(
-                fn(g, s.layers, s.kv_heads, s.head_dim, DTYPE_BYTES[d], b, m)
-            ),
-            list(expected(g, s, d, b, m)),
-            hint,
-            compare=lambda got, want: got[0] == want[0] and abs(got[1] - want[1]) < 5e-4,
-        )
-        for g, s, d, b, m in settings
-    ]
+def _predict_log_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    names = sorted(MODELS)
+    return [_predict_case(round(rng.uniform(2, 70), 2), MODELS[rng.choice(names)],
+                          rng.choice(["fp16", "fp8"]), rng.choice([16, 32]),
+                          rng.randint(1000, 40_000)) for _ in range(3)]
 
 
 # --- exercise 5: the longest request at a required concurrency ---------------------------------
@@ -188,19 +314,29 @@ def longest_max_len(budget_bytes: int, per_token: int, block_size: int, requests
     return blocks // requests * block_size
 
 
+def _longest_case(budget: int, per_token: int, block_size: int, requests: int) -> Case:
+    whole = budget // (per_token * block_size)
+    mistakes = [
+        (budget // per_token // requests, "every request reserves whole blocks: the longest "
+                                          "max_len is a whole number of blocks"),
+        (whole // requests, "the answer is a length in tokens, not a count of blocks"),
+        (-(-whole // requests) * block_size, "all the requests must fit at once: share the "
+                                             "blocks out rounding down"),
+    ]
+    return Case(f"fn(budget_bytes={budget}, bytes_per_token={per_token}, "
+                f"block_size={block_size}, requests={requests})",
+                lambda fn, a=(budget, per_token, block_size, requests): fn(*a),
+                longest_max_len(budget, per_token, block_size, requests),
+                "every request must be able to reserve its whole max_len in whole blocks, all "
+                "at once; one token more must not fit", compare=recognising(mistakes))
+
+
 def _longest_cases() -> list[Case]:
-    hint = ("every request must be able to reserve its whole max_len in whole blocks, all at "
-            "once; the answer is a length the capacity sum of exercise 3 accepts, and one "
-            "token more must not be")
     guide, opt = MODELS["guide-8kv"].bytes_per_token(), MODELS["opt-13b"].bytes_per_token()
     settings = [(60 * GIB, guide, 16, 60), (60 * GIB, guide, 16, 64), (60 * GIB, guide, 16, 7),
                 (14 * GIB, opt, 16, 8), (14 * GIB, opt, 32, 71), (GIB + 12345, guide, 128, 3),
                 (60 * GIB, guide, 16, 30_720)]
-    cases = [
-        Case(f"fn(budget_bytes={b}, bytes_per_token={p}, block_size={s}, requests={n})",
-             lambda fn, b=b, p=p, s=s, n=n: fn(b, p, s, n), longest_max_len(b, p, s, n), hint)
-        for b, p, s, n in settings
-    ]
+    cases = [_longest_case(*setting) for setting in settings]
     cases += [
         Case(f"fn(budget_bytes={b}, bytes_per_token={guide}, block_size=16, requests={n})  # {why}",
              lambda fn, b=b, n=n: fn(b, guide, 16, n), Raises(ValueError),
@@ -211,20 +347,38 @@ def _longest_cases() -> list[Case]:
     return cases
 
 
+def _longest_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    names = sorted(MODELS)
+    cases = []
+    for _ in range(3):
+        budget = rng.randint(1, 80) * GIB + rng.randint(0, GIB)
+        per_token, block_size = MODELS[rng.choice(names)].bytes_per_token(), rng.choice([16, 32])
+        blocks = capacity(per_token, budget, block_size, block_size).blocks
+        cases.append(_longest_case(budget, per_token, block_size,
+                                   rng.randint(1, min(200, blocks))))
+    return cases
+
+
 EXERCISES = (
     Exercise("01.bytes_per_token", "KV bytes per token from a config.json",
              _bytes_per_token_cases,
              reference=("course_lib.kv_math.bytes_per_token",
                         "course_lib.kv_math.ModelShape.bytes_per_token",
-                        "course_lib.kv_math.capacity", "course_lib.engine.config_from_hf")),
+                        "course_lib.kv_math.capacity", "course_lib.engine.config_from_hf"),
+             fresh=_bytes_per_token_fresh),
     Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases,
              reference=("course_lib.kv_math.blocks_needed",
-                        "course_lib.paged.PagedKVManager.blocks_needed")),
+                        "course_lib.paged.PagedKVManager.blocks_needed"),
+             fresh=_blocks_needed_fresh),
     Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases,
-             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests")),
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests"),
+             fresh=_max_requests_fresh),
     Exercise("01.predict_vllm_log", "Predict vLLM's KV log lines", _predict_log_cases,
-             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.vllm_kv_log_lines")),
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.vllm_kv_log_lines"),
+             fresh=_predict_log_fresh),
     Exercise("01.longest_max_len", "The longest max_len at a required concurrency",
              _longest_cases,
-             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests")),
+             reference=("course_lib.kv_math.capacity", "course_lib.kv_math.concurrent_requests"),
+             fresh=_longest_fresh),
 )

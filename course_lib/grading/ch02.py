@@ -1,19 +1,34 @@
 """Chapter 02 exercises: contiguous slabs. Expected values come from ``course_lib.slab``.
 
 The learner's code is exercised only through what it returns and raises, so a list or a
-bitmap, a dict or parallel arrays all pass, as long as the behaviour is right.
+bitmap, a dict or parallel arrays all pass, as long as the behaviour is right. Every result
+is labelled (each call of a script by its text, ``arena.copied`` by its name), so a report
+names the first call that differs; placements are also replayed under best fit, worst fit
+and "an exact fit does not count", so a learner who made one of those mistakes is told so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, Literal
 
-from course_lib.grading.check import Case, Exercise, Raises, Satisfies, satisfies
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    Satisfies,
+    Verdict,
+    labelled,
+    recognising,
+    satisfies,
+    unique_labels,
+)
 from course_lib.slab import SlabAllocator, SlabPolicy
 
 Gap = tuple[int, int]
+Fit = Literal["first", "best", "worst"]
 
 
 # --- expected values from the library -----------------------------------------------------
@@ -67,32 +82,102 @@ def _fragmentation(num_slots: int, gaps: Sequence[Gap], need: int) -> tuple[int,
     return arena.stranded(need), arena.num_free >= need > arena.largest_gap
 
 
+# --- labels, placement mistakes and random inputs ------------------------------------------
+
+
+FIT_HINTS = {
+    "best": "first fit takes the lowest address that holds the slab, not the tightest gap "
+            "(that is best fit)",
+    "worst": "first fit takes the lowest address that holds the slab, not the largest gap "
+             "(that is worst fit)",
+    "strict": "a gap of exactly the slab's size holds it: an exact fit counts",
+}
+"""The hint for each placement mistake the checks recognise."""
+
+
+def _pick(runs: Sequence[Gap], size: int, fit: str) -> int | None:
+    """Where ``fit`` puts ``size`` slots among free ``runs`` (in address order), or None;
+    ``"strict"`` is first fit that wrongly wants a run longer than the slab."""
+    fitting = [(start, length) for start, length in runs
+               if length > size or (length == size and fit != "strict")]
+    if not fitting:
+        return None
+    if fit == "best":
+        return min(fitting, key=lambda run: run[1])[0]
+    if fit == "worst":
+        return max(fitting, key=lambda run: (run[1], -run[0]))[0]
+    return fitting[0][0]
+
+
+def _random_gaps(rng: random.Random, num_slots: int, count: int) -> list[Gap]:
+    """Up to ``count`` sorted, non-touching gaps inside ``num_slots``."""
+    gaps: list[Gap] = []
+    cursor = 0
+    for index in range(count):
+        start = cursor + rng.randint(0 if index == 0 else 1, 12)
+        length = rng.randint(1, 16)
+        if start + length > num_slots:
+            break
+        gaps.append((start, length))
+        cursor = start + length
+    return gaps
+
+
 # --- exercise 1: slot states --------------------------------------------------------------
+
+SLOT_LABELS = ("written", "still to write", "never written")
+
+SLOT_HINTS = {
+    "written": "written counts the tokens every slab holds now",
+    "still to write": "a slot still to write lies between the tokens written so far and the "
+                      "request's final length",
+    "never written": "a slot never written lies past the request's final length: count it "
+                     "from the final length, not from what is written so far",
+}
+
+
+def _slot_states_case(policy: SlabPolicy, max_len: int,
+                      requests: Sequence[tuple[int, int]]) -> Case:
+    slabs, (written, pending, never) = _usage(policy, max_len, requests)
+    return Case(f"fn({slabs})  # {policy} -> (written, still to write, never written)",
+                lambda fn, s=slabs: labelled(SLOT_LABELS, fn(list(s))),
+                dict(zip(SLOT_LABELS, (written, pending, never), strict=True)),
+                "every reserved slot is in exactly one of the three states", hints=SLOT_HINTS)
 
 
 def _slot_states_cases() -> list[Case]:
-    hint = ("every reserved slot is in exactly one state: it holds a token, it waits for a "
-            "token this request will still write, or it lies past the request's final length")
-    scenarios = [
+    scenarios: list[tuple[SlabPolicy, int, list[tuple[int, int]]]] = [
         ("reserve-max", 8192, [(900, 600), (300, 300), (4000, 1000)]),
         ("exact-size", 8192, [(900, 600), (300, 300), (4000, 1000)]),
         ("reserve-max", 2048, [(512, 512)]),
         ("reserve-max", 2048, [(128, 1), (2048, 2048)]),
     ]
+    cases = [_slot_states_case(*scenario) for scenario in scenarios]
+    cases.append(Case("fn([])", lambda fn: labelled(SLOT_LABELS, fn([])),
+                      dict.fromkeys(SLOT_LABELS, 0), "no slabs: nothing written, nothing "
+                      "reserved", hints=SLOT_HINTS))
+    impossible = [
+        ([(100, 60, 50)], "written past the final length",
+         "a slab cannot have written more than its final length"),
+        ([(100, 10, 120)], "final length past the reservation",
+         "a slab's final length cannot pass its reservation: check final <= reserved too"),
+        ([(100, 20, 50), (40, -3, 30)], "a negative written count",
+         "a negative count of written tokens cannot exist: check 0 <= written too"),
+    ]
+    cases += [Case(f"fn({slabs})  # {why}", lambda fn, s=slabs: fn(list(s)), Raises(ValueError),
+                   f"{hint}: raise ValueError naming the slab")
+              for slabs, why, hint in impossible]
+    return cases
+
+
+def _slot_states_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
     cases = []
-    for policy, max_len, requests in scenarios:
-        slabs, expected = _usage(policy, max_len, requests)
-        cases.append(Case(f"fn({slabs})  # {policy}", lambda fn, s=slabs: tuple(fn(s)),
-                          expected, hint))
-    cases.append(Case("fn([])", lambda fn: tuple(fn([])), (0, 0, 0),
-                      "no slabs: nothing written, nothing reserved"))
-    bad = "a slab needs 0 <= written <= final <= reserved: raise ValueError naming the slab"
-    cases.append(Case("fn([(100, 60, 50)])  # written past the final length",
-                      lambda fn: fn([(100, 60, 50)]), Raises(ValueError), bad))
-    cases.append(Case("fn([(100, 10, 120)])  # final length past the reservation",
-                      lambda fn: fn([(100, 10, 120)]), Raises(ValueError), bad))
-    cases.append(Case("fn([(100, 20, 50), (40, -3, 30)])  # a negative written count",
-                      lambda fn: fn([(100, 20, 50), (40, -3, 30)]), Raises(ValueError), bad))
+    for policy in ("reserve-max", "exact-size", "reserve-max"):
+        max_len = rng.choice([512, 2048, 8192])
+        finals = [rng.randint(1, max_len) for _ in range(rng.randint(1, 5))]
+        requests = [(final, rng.randint(0, final)) for final in finals]
+        cases.append(_slot_states_case(policy, max_len, requests))  # type: ignore[arg-type]
     return cases
 
 
@@ -103,177 +188,273 @@ FIGURE_GAPS: list[Gap] = [(30, 4), (54, 4), (83, 5), (98, 2)]
 """Free gaps of a 100-slot arena: 15 free slots, no gap larger than 5."""
 
 
+def _placement_mistakes(gaps: Sequence[Gap], size: int) -> list[tuple[Any, str]]:
+    """What each recognised mistake returns for ``gaps`` and ``size``, with its hint."""
+    lowest = next((index for index, (_, length) in enumerate(gaps) if length >= size), None)
+    last = _pick(list(reversed(gaps)), size, "first")
+    return [*((_pick(gaps, size, fit), hint) for fit, hint in FIT_HINTS.items()),
+            (lowest, "return the gap's first slot, not its position in the list"),
+            (last, "first fit takes the lowest gap that fits, not the last one")]
+
+
+def _first_fit_case(num_slots: int, gaps: Sequence[Gap], size: int) -> Case:
+    return Case(f"fn(gaps={list(gaps)}, size={size})",
+                lambda fn, g=tuple(gaps), s=size: fn(list(g), s),
+                _first_fit(num_slots, gaps, size),
+                "first fit means the lowest address that holds the whole slab",
+                compare=recognising(_placement_mistakes(gaps, size)))
+
+
 def _first_fit_cases() -> list[Case]:
-    hint = ("first fit means the lowest address that holds the whole slab, not the best or "
-            "the largest gap; a gap of exactly size slots holds it")
     layouts = [
+        (100, [(10, 6), (30, 4), (50, 12), (80, 8)], 4), (100, [(10, 4), (30, 6), (50, 12)], 4),
         (100, FIGURE_GAPS, 4), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 1),
         (100, FIGURE_GAPS, 8), (100, [(0, 50), (60, 10)], 8), (100, [(0, 10), (20, 50)], 10),
         (100, [(0, 10), (20, 50)], 11), (491_520, [(1_000, 484), (90_000, 1_107)], 1_206),
     ]
-    cases = [
-        Case(f"fn(gaps={gaps}, size={size})", lambda fn, g=gaps, s=size: fn(list(g), s),
-             _first_fit(n, gaps, size), hint)
-        for n, gaps, size in layouts
-    ]
+    cases = [_first_fit_case(*layout) for layout in layouts]
     cases.append(Case("fn(gaps=[], size=3)", lambda fn: fn([], 3), None,
                       "a full arena has no gaps: return None"))
-    cases.append(Case("fn(gaps=[(0, 10)], size=0)", lambda fn: fn([(0, 10)], 0),
-                      Raises(ValueError), "a slab of 0 slots is a mistake: raise ValueError"))
+    cases += [Case(f"fn(gaps=[(0, 10)], size={size})", lambda fn, s=size: fn([(0, 10)], s),
+                   Raises(ValueError), f"a slab of {size} slots is a mistake: refuse every "
+                   "size below 1 with ValueError")
+              for size in (0, -3)]
+    return cases
+
+
+def _first_fit_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        gaps = _random_gaps(rng, 200, rng.randint(2, 7))
+        size = rng.choice([length for _, length in gaps] + [rng.randint(1, 20)])
+        cases.append(_first_fit_case(200, gaps, size))
     return cases
 
 
 # --- exercise 3: no gap fits --------------------------------------------------------------
 
 
+def _no_gap_mistakes(gaps: Sequence[Gap], need: int) -> list[tuple[Any, str]]:
+    """What each recognised mistake returns, labelled, with its hint."""
+    lengths = [length for _, length in gaps]
+    stranded = sum(n for n in lengths if n < need)
+    total, largest = sum(lengths), max(lengths, default=0)
+    return [
+        ({"stranded": sum(n for n in lengths if n <= need), "blocked": total >= need > largest},
+         "a gap of exactly need slots holds the request: its slots are not stranded"),
+        ({"stranded": stranded, "blocked": total > need > largest},
+         "free slots that add up to exactly need are enough in total: that request is blocked "
+         "when no single gap holds it"),
+        ({"stranded": stranded, "blocked": total >= need},
+         "blocked means no single gap holds the request: one that fits a gap is not blocked"),
+    ]
+
+
+def _no_gap_fits_case(num_slots: int, gaps: Sequence[Gap], need: int) -> Case:
+    stranded, blocked = _fragmentation(num_slots, gaps, need)
+    return Case(f"fn(gaps={list(gaps)}, need={need}) -> (stranded, blocked)",
+                lambda fn, g=tuple(gaps), s=need: labelled(("stranded", "blocked"),
+                                                            fn(list(g), s)),
+                {"stranded": stranded, "blocked": blocked},
+                "stranded counts the free slots this request can never use where they are; "
+                "blocked means the free memory would be enough in total, yet the request "
+                "cannot start", compare=recognising(_no_gap_mistakes(gaps, need)))
+
+
 def _no_gap_fits_cases() -> list[Case]:
-    hint = ("stranded counts the free slots this request can never use where they are; "
-            "blocked means the free memory would be enough in total, yet the request cannot "
-            "start")
     layouts = [
         (100, FIGURE_GAPS, 8), (100, FIGURE_GAPS, 5), (100, FIGURE_GAPS, 16),
         (100, FIGURE_GAPS, 1), (491_520, [(1_000, 484), (90_000, 1_107)], 1_206),
-        (100, [(10, 90)], 90), (100, FIGURE_GAPS, 15),
+        (100, [(10, 90)], 90), (100, FIGURE_GAPS, 15), (100, [], 3),
     ]
-    cases = [
-        Case(f"fn(gaps={gaps}, need={need})", lambda fn, g=gaps, s=need: tuple(fn(list(g), s)),
-             _fragmentation(n, gaps, need), hint)
-        for n, gaps, need in layouts
-    ]
-    cases.append(Case("fn(gaps=[], need=3)", lambda fn: tuple(fn([], 3)), (0, False),
-                      "no gaps: nothing stranded, and nothing free to be blocked by"))
-    cases.append(Case("fn(gaps=[(0, 10)], need=0)", lambda fn: fn([(0, 10)], 0),
-                      Raises(ValueError), "a request needing 0 slots is a mistake"))
+    cases = [_no_gap_fits_case(*layout) for layout in layouts]
+    cases += [Case(f"fn(gaps=[(0, 10)], need={need})", lambda fn, s=need: fn([(0, 10)], s),
+                   Raises(ValueError), f"a request needing {need} slots is a mistake: refuse "
+                   "every need below 1 with ValueError")
+              for need in (0, -2)]
+    return cases
+
+
+def _no_gap_fits_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        gaps = _random_gaps(rng, 200, rng.randint(2, 7))
+        lengths = [length for _, length in gaps] or [1]
+        need = rng.choice([*lengths, max(lengths) + 1, sum(lengths), rng.randint(1, 40)])
+        cases.append(_no_gap_fits_case(200, gaps, need))
     return cases
 
 
 # --- exercise 4: a reserve-max arena ------------------------------------------------------
 
 
-def _inside_and_apart(size: int, count: int, width: int) -> Satisfies:
-    """Expect ``count`` slabs of ``width`` slots, within ``0..size``, none overlapping."""
+class _LibraryReserveMax:
+    """The library's reserve-max allocator behind the exercise's interface."""
 
-    def holds(starts: Any) -> bool:
-        if not isinstance(starts, list | tuple) or len(starts) != count:
-            return False
-        if not all(isinstance(s, int) and 0 <= s <= size - width for s in starts):
-            return False
-        ordered = sorted(starts)
-        return all(b - a >= width for a, b in pairwise(ordered))
+    def __init__(self, num_slots: int, max_len: int) -> None:
+        self.arena = SlabAllocator(num_slots, policy="reserve-max", max_len=max_len)
 
-    return Satisfies(f"{count} start slots, each slab of {width} inside 0..{size}, "
-                     f"none overlapping", holds)
+    def admit(self, request_id: int) -> int | None:
+        if not self.arena.fits(self.arena.max_len):
+            return None
+        return self.arena.admit(request_id, self.arena.max_len).start
 
-
-def _admit_all(arena: Any, ids: Sequence[int]) -> list[Any]:
-    return [arena.admit(rid) for rid in ids]
+    def release(self, request_id: int) -> None:
+        self.arena.free(request_id)
 
 
-def _reserve_max_expected(num_slots: int, max_len: int, tries: int) -> list[bool]:
-    """Which of ``tries`` admissions the library's reserve-max arena grants."""
-    arena = SlabAllocator(num_slots, policy="reserve-max", max_len=max_len)
-    granted = []
-    for rid in range(tries):
-        granted.append(arena.fits(max_len))
-        if granted[-1]:
-            arena.admit(rid, max_len)
+Turn = tuple[str, int]
+"""``("admit", request_id)`` or ``("release", request_id)`` on a reserve-max arena."""
+
+
+def _turns_text(num_slots: int, max_len: int, turns: Sequence[Turn]) -> str:
+    return (f"arena = cls({num_slots}, {max_len}); "
+            + "; ".join(f"{op}({rid})" for op, rid in turns))
+
+
+def _granted(arena: Any, turns: Sequence[Turn]) -> dict[str, Any]:
+    """Replay ``turns``; whether each admit got a slab, by its call."""
+    labels = iter(unique_labels([f"admit({rid})" for op, rid in turns if op == "admit"]))
+    granted = {}
+    for op, rid in turns:
+        if op == "admit":
+            granted[next(labels)] = arena.admit(rid) is not None
+        else:
+            arena.release(rid)
     return granted
 
 
-def _granted_until_full(cls: Any, num_slots: int, max_len: int) -> int:
+def _starts(arena: Any, turns: Sequence[Turn]) -> dict[str, Any]:
+    """Replay ``turns``; the first slot of every slab still held at the end, by its admit."""
+    starts = {}
+    for op, rid in turns:
+        if op == "admit":
+            starts[f"admit({rid})"] = arena.admit(rid)
+        else:
+            arena.release(rid)
+            starts.pop(f"admit({rid})")
+    return starts
+
+
+def _inside_and_apart(size: int, width: int, count: int, refused: str) -> Satisfies:
+    """Expect ``count`` slabs of ``width`` slots, within ``0..size``, none overlapping;
+    ``refused`` is the hint for a slab refused although there was room."""
+
+    def explain(starts: Any) -> Verdict | None:
+        if not isinstance(starts, dict) or len(starts) != count:
+            return Verdict(False, f"result: expected {count} slabs")
+        for label, start in starts.items():
+            if start is None:
+                return Verdict(False, f"{label}: got None, expected a slab", refused)
+            if not isinstance(start, int) or not 0 <= start <= size - width:
+                return Verdict(False, f"{label}: a slab of {width} at {start!r} does not lie "
+                               f"inside slots 0..{size - 1}", "a slab must lie inside the arena")
+        ordered = sorted(starts.items(), key=lambda item: item[1])
+        for (first, a), (second, b) in pairwise(ordered):
+            if b - a < width:
+                return Verdict(False, f"{second}: the slab at {b} overlaps {first}'s at {a}",
+                               "slabs must not overlap: every slot belongs to one request")
+        return None
+
+    return Satisfies(f"{count} slabs of {width} slots inside 0..{size}, none overlapping",
+                     explain=explain)
+
+
+def _granted_until_full(cls: Any, num_slots: int, max_len: int) -> dict[str, int]:
     arena = cls(num_slots, max_len)
     granted = 0
     while arena.admit(granted) is not None:
         granted += 1
         if granted > num_slots // max_len:  # more than can fit: stop counting
             break
-    return granted
+    return {"admissions granted": granted}
 
 
-def _reserve_then_reuse(cls: Any) -> list[Any]:
-    arena = cls(100, 30)
-    starts = dict(zip(range(3), _admit_all(arena, range(3)), strict=True))
-    arena.release(1)
-    starts.pop(1)
-    starts[9] = arena.admit(9)
-    return list(starts.values())
+REUSE_HINT = ("once released, a request holds nothing: the same id may be admitted again, and "
+              "its slab's slots serve the next request")
 
 
-def _cycle(cls: Any) -> list[bool]:
-    arena = cls(100, 30)
-    for _ in range(5):
-        ids = range(3)
-        _admit_all(arena, ids)
-        for rid in ids:
-            arena.release(rid)
-    return [start is not None for start in _admit_all(arena, range(3, 7))]
-
-
-def _admit_twice(cls: Any) -> Any:
-    arena = cls(100, 30)
-    arena.admit(0)
-    return arena.admit(0)
-
-
-def _release_unknown(cls: Any) -> Any:
-    arena = cls(100, 30)
-    arena.admit(0)
-    return arena.release(42)
-
-
-def _readmit(cls: Any) -> list[Any]:
-    """Admit 0 and 1, release 0, admit 0 again: a released id is a new request."""
-    arena = cls(100, 30)
-    starts = [arena.admit(0), arena.admit(1)]
-    arena.release(0)
-    return [arena.admit(0), starts[1]]
-
-
-def _release_twice(cls: Any) -> Any:
-    arena = cls(100, 30)
-    arena.admit(0)
-    arena.release(0)
-    return arena.release(0)
+def _reserve_max_case(num_slots: int, max_len: int, turns: Sequence[Turn], hint: str,
+                      hints: dict[str, str] | None = None) -> Case:
+    return Case(_turns_text(num_slots, max_len, turns) + "  -> did each admit get a slab",
+                lambda cls, n=num_slots, m=max_len, t=tuple(turns): _granted(cls(n, m), t),
+                _granted(_LibraryReserveMax(num_slots, max_len), turns), hint,
+                hints=hints or {})
 
 
 def _reserve_max_cases() -> list[Case]:
-    hint = ("every request reserves max_len contiguous slots; admit returns the first slot "
-            "of its slab, or None when no free run of max_len slots is left")
+    full = ("every request reserves max_len contiguous slots; admit returns None when no free "
+            "run of max_len slots is left")
+    admits = [("admit", rid) for rid in range(3)]
+    cycle = [*admits, *(("release", rid) for rid in range(3))] * 5
     guide_slots, guide_len = 491_520, 8192
-    sixty = _reserve_max_expected(guide_slots, guide_len, 61).count(True)
-    return [
-        Case("arena = cls(num_slots=100, max_len=30); "
-             "[arena.admit(i) is not None for i in range(5)]",
-             lambda cls: [s is not None for s in _admit_all(cls(100, 30), range(5))],
-             _reserve_max_expected(100, 30, 5), hint),
-        Case("arena = cls(num_slots=100, max_len=30); [arena.admit(i) for i in range(3)]",
-             lambda cls: _admit_all(cls(100, 30), range(3)), _inside_and_apart(100, 3, 30),
-             "slabs must lie inside the arena and must not overlap", compare=satisfies),
-        Case("admit 0, 1, 2 in cls(100, 30); release(1); admit(9): the live slabs' starts",
-             _reserve_then_reuse, _inside_and_apart(100, 3, 30),
-             "release must give the slab's slots back, so the next request can use them",
-             compare=satisfies),
-        Case("cls(100, 30): 5 rounds of admit 0, 1, 2 then release them; then "
-             "[arena.admit(i) is not None for i in range(3, 7)]", _cycle,
-             _reserve_max_expected(100, 30, 4), "releasing everything must restore an empty arena"),
-        Case(f"arena = cls(num_slots={guide_slots}, max_len={guide_len}); "
-             "admissions granted before the first None",
-             lambda cls: _granted_until_full(cls, guide_slots, guide_len), sixty,
-             "the source guide's 60 GiB arena: whole max_len slabs only"),
-        Case("arena = cls(100, 30); starts = [arena.admit(0), arena.admit(1)]; "
-             "arena.release(0); [arena.admit(0), starts[1]]", _readmit,
-             _inside_and_apart(100, 2, 30), "once released, a request holds nothing: the same "
-             "id may be admitted again", compare=satisfies),
-        Case("arena = cls(100, 30); arena.admit(0); arena.release(0); arena.release(0)",
-             _release_twice, Raises(ValueError), "after release the request holds no slab, so "
-             "a second release is a bug: raise ValueError naming the id"),
-        Case("arena = cls(100, 30); arena.admit(0); arena.admit(0)", _admit_twice,
-             Raises(ValueError), "a request that already holds a slab cannot be admitted "
-             "again: raise ValueError naming the id"),
-        Case("arena = cls(100, 30); arena.admit(0); arena.release(42)", _release_unknown,
-             Raises(ValueError), "releasing a request that holds no slab is a bug: raise "
-             "ValueError naming the id"),
+    sixty = _granted_until_full(_LibraryReserveMax, guide_slots, guide_len)
+    bugs = [
+        ([("admit", 0), ("release", 0), ("release", 0)], "after release the request holds no "
+         "slab, so a second release is a bug: raise ValueError naming the id"),
+        ([("admit", 0), ("admit", 0)], "a request that already holds a slab cannot be "
+         "admitted again: raise ValueError naming the id"),
+        ([("admit", 0), ("release", 42)], "releasing a request that holds no slab is a bug: "
+         "raise ValueError naming the id"),
     ]
+    return [
+        _reserve_max_case(100, 30, [("admit", rid) for rid in range(5)], full),
+        Case(_turns_text(100, 30, admits) + "  -> the first slot of each slab",
+             lambda cls: _starts(cls(100, 30), admits),
+             _inside_and_apart(100, 30, 3, full), full, compare=satisfies),
+        Case(_turns_text(100, 30, [*admits, ("release", 1), ("admit", 9)])
+             + "  -> the first slot of each slab still held",
+             lambda cls: _starts(cls(100, 30), [*admits, ("release", 1), ("admit", 9)]),
+             _inside_and_apart(100, 30, 3, "release must give the slab's slots back, so the "
+                               "next request can use them"), REUSE_HINT, compare=satisfies),
+        _reserve_max_case(100, 30, [*cycle, *(("admit", rid) for rid in range(3, 7))],
+                          "releasing everything must restore an empty arena",
+                          {"raised": REUSE_HINT}),
+        Case(f"arena = cls(num_slots={guide_slots}, max_len={guide_len}); admissions granted "
+             "before the first None", lambda cls: _granted_until_full(cls, guide_slots,
+                                                                      guide_len),
+             sixty, "the source guide's 60 GiB arena: whole max_len slabs only"),
+        Case(_turns_text(100, 30, [("admit", 0), ("admit", 1), ("release", 0), ("admit", 0)])
+             + "  -> the first slot of each slab still held",
+             lambda cls: _starts(cls(100, 30), [("admit", 0), ("admit", 1), ("release", 0),
+                                                ("admit", 0)]),
+             _inside_and_apart(100, 30, 2, REUSE_HINT), REUSE_HINT, compare=satisfies),
+        _reserve_max_case(100, 30, [*admits, ("admit", 3), ("release", 0), ("admit", 3)],
+                          "a refused admit (None) changes nothing: the request still holds no "
+                          "slab, so it may be admitted once room appears"),
+        *(Case(_turns_text(100, 30, turns), lambda cls, t=tuple(turns): _granted(cls(100, 30),
+                                                                                 t),
+               Raises(ValueError), hint) for turns, hint in bugs),
+    ]
+
+
+def _random_turns(rng: random.Random, num_slots: int, max_len: int, count: int) -> list[Turn]:
+    """Admissions of new ids and releases of held ones, some admissions past full."""
+    arena, held, turns = _LibraryReserveMax(num_slots, max_len), [], []
+    for rid in range(count):
+        if held and rng.random() < 0.4:
+            turn = ("release", held.pop(rng.randrange(len(held))))
+            arena.release(turn[1])
+        else:
+            turn = ("admit", rid)
+            if arena.admit(rid) is not None:
+                held.append(rid)
+        turns.append(turn)
+    return turns
+
+
+def _reserve_max_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(2):
+        num_slots, max_len = rng.randint(50, 400), rng.randint(5, 60)
+        turns = _random_turns(rng, num_slots, max_len, 16)
+        cases.append(_reserve_max_case(num_slots, max_len, turns, "every request reserves "
+                                       "max_len contiguous slots; a release gives them back",
+                                       {"raised": REUSE_HINT}))
+    return cases
 
 
 # --- exercise 5: an exact-size first-fit arena --------------------------------------------
@@ -286,15 +467,18 @@ Step = tuple[str, int, int]
 def _script_text(num_slots: int, script: Sequence[Step]) -> str:
     calls = [f"admit({rid}, {size})" if op == "admit" else f"release({rid})"
              for op, rid, size in script]
-    return f"arena = cls({num_slots}); " + "; ".join(calls) + "  -> what each admit returned"
+    return (f"arena = cls({num_slots}); " + "; ".join(calls)
+            + "  -> what each admit returned")
 
 
-def _run_script(arena: Any, script: Sequence[Step]) -> list[Any]:
-    """Replay ``script``; return every admit's result in order."""
-    results = []
+def _run_script(arena: Any, script: Sequence[Step]) -> dict[str, Any]:
+    """Replay ``script``; every admit's result, by its call."""
+    labels = iter(unique_labels([f"admit({rid}, {size})" for op, rid, size in script
+                                 if op == "admit"]))
+    results = {}
     for op, rid, size in script:
         if op == "admit":
-            results.append(arena.admit(rid, size))
+            results[next(labels)] = arena.admit(rid, size)
         else:
             arena.release(rid)
     return results
@@ -315,6 +499,26 @@ class _LibraryFirstFit:
         self.arena.free(request_id)
 
 
+def _fit_mistakes(num_slots: int, replay: Callable[[Any], Any]) -> list[tuple[Any, str]]:
+    """What the arena returns when it places by best fit, worst fit or without exact fits,
+    with each mistake's hint; a placement that makes the script invalid is left out."""
+    found = []
+    for fit, hint in FIT_HINTS.items():
+        try:
+            found.append((replay(GrowingReference(num_slots, fit)), hint))
+        except ValueError:
+            continue
+    return found
+
+
+def _first_fit_arena_case(num_slots: int, script: Sequence[Step], hint: str) -> Case:
+    return Case(_script_text(num_slots, script),
+                lambda cls, n=num_slots, s=tuple(script): _run_script(cls(n), s),
+                _run_script(_LibraryFirstFit(num_slots), script), hint,
+                compare=recognising(_fit_mistakes(num_slots,
+                                                  lambda arena: _run_script(arena, script))))
+
+
 def _first_fit_arena_cases() -> list[Case]:
     fill = [("admit", 0, 30), ("admit", 1, 20), ("admit", 2, 25), ("admit", 3, 10)]
     scripts: list[tuple[str, list[Step]]] = [
@@ -330,53 +534,83 @@ def _first_fit_arena_cases() -> list[Case]:
          [*fill, ("release", 3, 0), ("admit", 4, 25)]),
         ("merge on both sides at once",
          [*fill, ("release", 0, 0), ("release", 2, 0), ("release", 1, 0), ("admit", 4, 75)]),
-        ("first fit, not best fit: the lowest address wins even when a tighter gap exists",
-         [*fill, ("release", 0, 0), ("release", 3, 0), ("admit", 4, 8)]),
+        ("first fit, not worst fit: the lowest gap that fits wins even when a larger one exists",
+         [*fill, ("release", 1, 0), ("release", 3, 0), ("admit", 4, 10)]),
+        (FIT_HINTS["best"], [*fill, ("release", 0, 0), ("release", 3, 0), ("admit", 4, 8)]),
+        ("a refused admit (None) changes nothing: the request still holds no slab, so it may "
+         "be admitted once room appears",
+         [*fill, ("admit", 4, 20), ("release", 1, 0), ("admit", 4, 20)]),
         ("a released request holds nothing: the same id may be admitted again",
          [*fill, ("release", 2, 0), ("admit", 2, 25), ("release", 2, 0), ("admit", 2, 10)]),
         ("fragmentation: half the arena free in ten gaps, and a 20-slot request fits none",
          [*(("admit", i, 10) for i in range(10)), *(("release", i, 0) for i in range(0, 10, 2)),
           ("admit", 10, 20), ("admit", 11, 10)]),
     ]
-    cases = [
-        Case(_script_text(100, script), lambda cls, s=script: _run_script(cls(100), s),
-             _run_script(_LibraryFirstFit(100), script), hint)
-        for hint, script in scripts
-    ]
+    cases = [_first_fit_arena_case(100, script, hint) for hint, script in scripts]
     errors = [
-        ("arena = cls(100); arena.admit(0, 10); arena.admit(0, 10)",
-         [("admit", 0, 10), ("admit", 0, 10)], "a request can hold one slab: raise ValueError"),
-        ("arena = cls(100); arena.release(7)", [("release", 7, 0)],
+        ([("admit", 0, 10), ("admit", 0, 10)], "a request can hold one slab: raise ValueError"),
+        ([("release", 7, 0)],
          "releasing a request that holds no slab is a bug: raise ValueError naming the id"),
-        ("arena = cls(100); arena.admit(0, 0)", [("admit", 0, 0)],
-         "a slab of 0 slots is a mistake: raise ValueError"),
-        ("arena = cls(100); arena.admit(0, 10); arena.release(0); arena.release(0)",
-         [("admit", 0, 10), ("release", 0, 0), ("release", 0, 0)],
+        ([("admit", 0, 0)], "a slab of 0 slots is a mistake: raise ValueError"),
+        ([("admit", 0, -3)], "a negative size is a mistake too: refuse every size below 1 "
+         "with ValueError"),
+        ([("admit", 0, 10), ("release", 0, 0), ("release", 0, 0)],
          "a released request holds no slab any more: raise ValueError on a second release"),
     ]
-    cases += [Case(call, lambda cls, s=script: _run_script(cls(100), s), Raises(ValueError), hint)
-              for call, script, hint in errors]
+    cases += [Case(_script_text(100, script).split("  ->")[0],
+                   lambda cls, s=tuple(script): _run_script(cls(100), s), Raises(ValueError), hint)
+              for script, hint in errors]
     return cases
+
+
+def _random_script(rng: random.Random, num_slots: int, count: int) -> list[Step]:
+    """Admissions of new ids (some refused) and releases of held ones."""
+    arena, held, script = _LibraryFirstFit(num_slots), [], []
+    for rid in range(count):
+        if held and rng.random() < 0.35:
+            step: Step = ("release", held.pop(rng.randrange(len(held))), 0)
+            arena.release(step[1])
+        else:
+            step = ("admit", rid, rng.randint(1, num_slots // 3))
+            if arena.admit(rid, step[2]) is not None:
+                held.append(rid)
+        script.append(step)
+    return script
+
+
+def _first_fit_arena_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_first_fit_arena_case(n, _random_script(rng, n, 14), "slabs go to the lowest "
+                                  "address that fits; a released slab merges with free "
+                                  "neighbours") for n in (rng.randint(40, 120) for _ in range(2))]
 
 
 # --- exercise 6: grow in place, or move -----------------------------------------------------
 
 
 class GrowingReference:
-    """The expected behaviour of a growing arena, slot by slot (one owner per slot)."""
+    """The expected behaviour of a growing arena, slot by slot (one owner per slot).
 
-    def __init__(self, num_slots: int) -> None:
+    ``fit`` places admissions and moves: ``"first"`` is the exercise's rule; ``"best"``,
+    ``"worst"`` and ``"strict"`` (no exact fits) are the mistakes the checks recognise.
+    """
+
+    def __init__(self, num_slots: int, fit: str = "first") -> None:
         self.owner: list[int | None] = [None] * num_slots
         self.slabs: dict[int, tuple[int, int]] = {}
         self.copied = 0
+        self.fit = fit
 
-    def _lowest_run(self, size: int) -> int | None:
-        run = 0
+    def _free_runs(self) -> list[Gap]:
+        runs: list[Gap] = []
         for slot, owner in enumerate(self.owner):
-            run = run + 1 if owner is None else 0
-            if run == size:
-                return slot - size + 1
-        return None
+            if owner is not None:
+                continue
+            if runs and sum(runs[-1]) == slot:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((slot, 1))
+        return runs
 
     def _place(self, request_id: int, start: int, size: int) -> int:
         self.owner[start:start + size] = [request_id] * size
@@ -386,7 +620,7 @@ class GrowingReference:
     def admit(self, request_id: int, length: int) -> int | None:
         if request_id in self.slabs or length < 1:
             raise ValueError(f"cannot admit {request_id!r} with {length!r} slots")
-        start = self._lowest_run(length)
+        start = _pick(self._free_runs(), length, self.fit)
         return None if start is None else self._place(request_id, start, length)
 
     def _held(self, request_id: int) -> tuple[int, int]:
@@ -399,7 +633,7 @@ class GrowingReference:
         end = start + size
         if end < len(self.owner) and self.owner[end] is None:
             return self._place(request_id, start, size + 1)
-        new = self._lowest_run(size + 1)
+        new = _pick(self._free_runs(), size + 1, self.fit)
         if new is None:
             return None
         self.owner[start:end] = [None] * size
@@ -422,22 +656,41 @@ def _copied(arena: Any) -> Any:
     return value() if callable(value) else value
 
 
-def _grow_script(arena: Any, script: Sequence[Move]) -> list[Any]:
-    """Replay ``script``: what every admit and append returned, then the slots copied."""
-    seen = []
+def _move_call(op: str, rid: int, length: int) -> str:
+    return f"admit({rid}, {length})" if op == "admit" else f"{op}({rid})"
+
+
+def _grow_script(arena: Any, script: Sequence[Move]) -> dict[str, Any]:
+    """Replay ``script``: what every admit and append returned, by its call, then
+    ``arena.copied``."""
+    labels = iter(unique_labels([_move_call(*move) for move in script if move[0] != "release"]))
+    seen = {}
     for op, rid, length in script:
         if op == "release":
             arena.release(rid)
         else:
-            seen.append(arena.admit(rid, length) if op == "admit" else arena.append(rid))
-    return [*seen, _copied(arena)]
+            seen[next(labels)] = arena.admit(rid, length) if op == "admit" else arena.append(rid)
+    return seen | {"arena.copied": _copied(arena)}
 
 
 def _grow_text(num_slots: int, script: Sequence[Move]) -> str:
-    calls = {"admit": "admit({}, {})", "append": "append({})", "release": "release({})"}
-    shown = "; ".join(calls[op].format(rid, n) if op == "admit" else calls[op].format(rid)
-                      for op, rid, n in script)
-    return f"arena = cls({num_slots}); {shown}  -> [each admit and append, arena.copied]"
+    shown = "; ".join(_move_call(*move) for move in script)
+    return (f"arena = cls({num_slots}); {shown}  -> what each admit and append returned, "
+            "and arena.copied")
+
+
+COPIED_HINT = ("arena.copied counts the token slots moves have copied: a move copies the tokens "
+               "the slab held before it grew, not the slot it grows into, and growing in place "
+               "copies nothing")
+
+
+def _growing_case(num_slots: int, script: Sequence[Move], hint: str) -> Case:
+    return Case(_grow_text(num_slots, script),
+                lambda cls, n=num_slots, s=tuple(script): _grow_script(cls(n), s),
+                _grow_script(GrowingReference(num_slots), script), hint,
+                compare=recognising(_fit_mistakes(num_slots,
+                                                  lambda arena: _grow_script(arena, script))),
+                hints={"arena.copied": COPIED_HINT})
 
 
 def _growing_cases() -> list[Case]:
@@ -453,6 +706,11 @@ def _growing_cases() -> list[Case]:
         (40, [("admit", 0, 10), ("admit", 1, 5), ("admit", 2, 11), ("admit", 3, 4),
               ("release", 2, 0), *grow],
          "a gap of exactly length + 1 slots holds the grown slab"),
+        (60, [("admit", 9, 12), ("admit", 0, 10), ("admit", 1, 5), ("release", 9, 0), *grow],
+         "a move goes to the lowest free run that holds the grown slab, even one before it"),
+        (60, [("admit", 9, 20), ("admit", 0, 10), ("admit", 1, 5), ("admit", 2, 11),
+              ("admit", 3, 5), ("release", 9, 0), ("release", 2, 0), *grow],
+         FIT_HINTS["best"]),
         (20, [("admit", 0, 10), ("admit", 1, 10), ("append", 1, 0), *grow, ("release", 1, 0),
               *grow],
          "the arena ends after its last slot; a refused append changes nothing, so once room "
@@ -460,38 +718,69 @@ def _growing_cases() -> list[Case]:
         (40, [("admit", 5, 5), ("admit", 0, 10), ("admit", 1, 1), ("release", 5, 0), *grow,
               ("admit", 2, 15)],
          "the slots a moved slab leaves behind join the free slots next to them"),
+        (20, [("admit", 0, 15), ("admit", 1, 10), ("release", 0, 0), ("admit", 1, 10)],
+         "a refused admit (None) changes nothing: the request still holds no slab, so it may "
+         "be admitted once room appears"),
         (60, [("admit", 0, 10), ("admit", 1, 10), *grow, ("admit", 2, 12), *grow,
               ("append", 2, 0), ("admit", 3, 11)],
          "every move copies the slab's tokens; a slab that fits nowhere gets None"),
     ]
-    cases = [Case(_grow_text(n, script), lambda cls, n=n, s=script: _grow_script(cls(n), s),
-                  _grow_script(GrowingReference(n), script), why)
-             for n, script, why in scripts]
+    cases = [_growing_case(n, script, why) for n, script, why in scripts]
     errors = [
         ([("append", 7, 0)], "appending to a request that holds no slab is a bug"),
         ([("admit", 0, 5), ("admit", 0, 5)], "a request holds one slab"),
         ([("admit", 0, 0)], "a slab of 0 slots is a mistake"),
+        ([("admit", 0, -3)], "a negative length is a mistake too: refuse every length below 1"),
         ([("admit", 0, 5), ("release", 0, 0), ("release", 0, 0)],
          "a released request holds no slab"),
     ]
-    cases += [Case(_grow_text(40, script), lambda cls, s=script: _grow_script(cls(40), s),
+    cases += [Case(_grow_text(40, script).split("  ->")[0],
+                   lambda cls, s=tuple(script): _grow_script(cls(40), s),
                    Raises(ValueError), f"{why}: raise ValueError naming the id or the size")
               for script, why in errors]
     return cases
 
 
+def _random_moves(rng: random.Random, num_slots: int, count: int) -> list[Move]:
+    """Admissions (some refused), appends in bursts and releases of held slabs."""
+    arena, held, script = GrowingReference(num_slots), [], []
+    for rid in range(count):
+        roll = rng.random()
+        if held and roll < 0.5:
+            target = rng.choice(held)
+            moves = [("append", target, 0)] * rng.randint(1, 4)
+            for _ in moves:
+                arena.append(target)
+            script += moves
+        elif held and roll < 0.65:
+            target = held.pop(rng.randrange(len(held)))
+            arena.release(target)
+            script.append(("release", target, 0))
+        else:
+            script.append(("admit", rid, rng.randint(1, num_slots // 4)))
+            if arena.admit(rid, script[-1][2]) is not None:
+                held.append(rid)
+    return script
+
+
+def _growing_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_growing_case(n, _random_moves(rng, n, 10), "a slab grows in place while the next "
+                          "slot is free, else moves whole to the lowest free run that holds it")
+            for n in (rng.randint(30, 80) for _ in range(2))]
+
+
 EXERCISES = (
     Exercise("02.slot_states", "Written, still to write, never written", _slot_states_cases,
-             reference=("course_lib.slab",)),
+             reference=("course_lib.slab",), fresh=_slot_states_fresh),
     Exercise("02.first_fit", "First-fit gap search", _first_fit_cases,
-             reference=("course_lib.slab",)),
+             reference=("course_lib.slab",), fresh=_first_fit_fresh),
     Exercise("02.no_gap_fits", "Free, but no gap fits", _no_gap_fits_cases,
-             reference=("course_lib.slab",)),
+             reference=("course_lib.slab",), fresh=_no_gap_fits_fresh),
     Exercise("02.reserve_max_arena", "A reserve-max arena: admit and release",
-             _reserve_max_cases,
-             reference=("course_lib.slab",)),
+             _reserve_max_cases, reference=("course_lib.slab",), fresh=_reserve_max_fresh),
     Exercise("02.first_fit_arena", "An exact-size first-fit arena", _first_fit_arena_cases,
-             reference=("course_lib.slab",)),
+             reference=("course_lib.slab",), fresh=_first_fit_arena_fresh),
     Exercise("02.growing_arena", "Grow in place, or move", _growing_cases,
-             reference=("course_lib.slab",)),
+             reference=("course_lib.slab",), fresh=_growing_fresh),
 )

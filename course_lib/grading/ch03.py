@@ -6,15 +6,24 @@ ask for the next step of each from a specification: the utilisation of a whole b
 pool that hands out the lowest free block, block tables that say where each new token's
 keys and values go (and refuse a request they cannot serve in full), and the cost of a run
 whose steps slow down with what they read. Classes are exercised through their methods
-only, and every case returns plain data.
+only, and every case returns plain data, labelled part by part; a wrong number that a
+known mistake gives is recognised, so its hint names that mistake.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Raises
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    labelled,
+    recognising,
+    unique_labels,
+)
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.simulator import CostModel
 
@@ -32,21 +41,41 @@ def _last_block(tokens: int, block_size: int) -> tuple[int, int]:
     return len(table), fill[table[-1]]
 
 
+LAST_LABELS = ("blocks", "tokens in the last block")
+
+
+def _last_block_case(tokens: int, block_size: int) -> Case:
+    blocks, fill = _last_block(tokens, block_size)
+    mistakes = [
+        ({"blocks": blocks, "tokens in the last block": tokens % block_size},
+         "a length that fills its blocks exactly has a full last block, not an empty one"),
+        ({"blocks": blocks, "tokens in the last block": (tokens - 1) % block_size + 1},
+         "an empty sequence has no last block: it holds 0 blocks and 0 tokens in them"),
+    ]
+    return Case(f"fn(tokens={tokens}, block_size={block_size}) -> (blocks, tokens in the last "
+                "block)", lambda fn, t=tokens, b=block_size: labelled(LAST_LABELS, fn(t, b)),
+                dict(zip(LAST_LABELS, (blocks, fill), strict=True)),
+                "count the blocks first, then what the last of them holds",
+                compare=recognising(mistakes),
+                hints={"blocks": "a partly filled last block is still a block"})
+
+
 def _last_block_cases() -> list[Case]:
-    hint = ("a partly filled last block is still a block; a length that fills its blocks "
-            "exactly has a full last block, and an empty sequence has no last block")
     pairs = [(900, 16), (896, 16), (897, 16), (1, 16), (16, 16), (1000, 128), (8192, 16),
              (0, 16), (32, 16)]
-    cases = [
-        Case(f"fn(tokens={t}, block_size={b})", lambda fn, t=t, b=b: tuple(fn(t, b)),
-             _last_block(t, b), hint)
-        for t, b in pairs
-    ]
+    cases = [_last_block_case(t, b) for t, b in pairs]
     cases.append(Case("fn(tokens=10, block_size=0)", lambda fn: fn(10, 0), Raises(ValueError),
                       "a block of zero tokens is impossible: raise ValueError"))
     cases.append(Case("fn(tokens=-1, block_size=16)", lambda fn: fn(-1, 16), Raises(ValueError),
                       "a negative length is a mistake: raise ValueError"))
     return cases
+
+
+def _last_block_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    sizes = [rng.choice([8, 16, 32, 128]) for _ in range(3)]
+    return [_last_block_case(rng.choice([rng.randint(1, 40) * b, rng.randint(1, 5000)]), b)
+            for b in sizes]
 
 
 # --- exercise 2: the utilisation of a batch ------------------------------------------------------
@@ -61,22 +90,48 @@ def batch_utilization(lengths: Sequence[int], block_size: int) -> float:
     return manager.utilization()
 
 
+def _utilization_mistakes(lengths: Sequence[int], block_size: int) -> list[tuple[float, str]]:
+    """What each recognised mistake gives for the batch, with its hint."""
+    def pooled(held: Sequence[int]) -> float:
+        return sum(lengths) / (sum(held) * block_size)
+
+    live = [n for n in lengths if n]
+    mean = sum(n / (-(-n // block_size) * block_size) for n in live) / len(live)
+    return [
+        (mean, "pool the batch before dividing: the mean of each sequence's utilisation "
+               "weighs a short sequence as much as a long one"),
+        (pooled([n // block_size or 1 for n in lengths]),
+         "a partly filled last block is still a block the sequence holds"),
+        (pooled([max(1, -(-n // block_size)) for n in lengths]),
+         "a sequence of 0 tokens holds no block"),
+    ]
+
+
+def _utilization_case(lengths: Sequence[int], block_size: int) -> Case:
+    return Case(f"fn(lengths={list(lengths)}, block_size={block_size})",
+                lambda fn, n=tuple(lengths), b=block_size: fn(list(n), b),
+                batch_utilization(lengths, block_size),
+                "utilisation is the share of all the slots the batch holds that hold a token",
+                compare=recognising(_utilization_mistakes(lengths, block_size)))
+
+
 def _utilization_cases() -> list[Case]:
-    hint = ("utilisation is the share of all the slots the batch holds that hold a token: "
-            "pool the batch before dividing, and an empty sequence holds no block")
     batches = [([900], 16), ([512, 128], 16), ([1, 17, 33], 16), ([900, 0, 16], 16),
                ([1000, 24], 128), ([100, 5000, 7, 7, 7], 32), ([2048] * 3, 16)]
-    cases = [
-        Case(f"fn(lengths={lengths}, block_size={b})", lambda fn, n=lengths, b=b: fn(list(n), b),
-             batch_utilization(lengths, b), hint)
-        for lengths, b in batches
-    ]
+    cases = [_utilization_case(lengths, b) for lengths, b in batches]
     bad = "no tokens at all has no utilisation (zero over zero); a negative length or block size " \
           "is a mistake: raise ValueError naming it"
     cases += [Case(f"fn(lengths={lengths}, block_size={b})",
                    lambda fn, n=lengths, b=b: fn(list(n), b), Raises(ValueError), bad)
               for lengths, b in [([], 16), ([0, 0], 16), ([10, -1], 16), ([10], 0)]]
     return cases
+
+
+def _utilization_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_utilization_case([rng.choice([0, rng.randint(1, 3000)])
+                               for _ in range(rng.randint(1, 6))] + [rng.randint(1, 99)],
+                              rng.choice([8, 16, 32, 128])) for _ in range(3)]
 
 
 # --- exercise 3: a pool that hands out the lowest free block ------------------------------------
@@ -92,16 +147,18 @@ Script = Sequence[tuple[str, int]]
 """``("allocate", 0)``, ``("free", block_id)`` or ``("count", 0)`` (read num_free)."""
 
 
-def _play(pool: Any, script: Script) -> list[Any]:
-    """Run ``script`` on ``pool``; what each allocate and count returned, in order."""
-    seen = []
+def _play(pool: Any, script: Script) -> dict[str, Any]:
+    """Run ``script`` on ``pool``; what each allocate and count returned, by its call."""
+    labels = iter(unique_labels(["allocate()" if op == "allocate" else "num_free"
+                                 for op, _ in script if op != "free"]))
+    seen = {}
     for op, block in script:
         if op == "allocate":
-            seen.append(pool.allocate())
+            seen[next(labels)] = pool.allocate()
         elif op == "free":
             pool.free(block)
         else:
-            seen.append(_free_count(pool))
+            seen[next(labels)] = _free_count(pool)
     return seen
 
 
@@ -134,12 +191,29 @@ def _script_text(size: int, script: Script) -> str:
             + "  -> what each allocate() and num_free gave")
 
 
+COUNT_HINT = "num_free counts the blocks allocate can still hand out: never the null block"
+
+
+def _block_pool_case(size: int, script: Script, hint: str) -> Case:
+    return Case(_script_text(size, script), lambda cls, n=size, s=tuple(script): _play(cls(n), s),
+                _play(LowestFirstPool(size), script), hint, hints={"num_free": COUNT_HINT})
+
+
+def _recycle(cls: Any) -> dict[str, Any]:
+    pool, distinct = cls(8), True
+    for _ in range(50):
+        ids = [pool.allocate() for _ in range(5)]
+        distinct = distinct and len(set(ids)) == 5
+        for block in ids:
+            pool.free(block)
+    return {"num_free": _free_count(pool), "ids distinct in every round": distinct}
+
+
 def _block_pool_cases() -> list[Case]:
     take = [("allocate", 0)]
     scripts: list[tuple[int, list[tuple[str, int]], str]] = [
         (8, take * 7, "block 0 is the null block: never handed out"),
-        (8, [("count", 0), *take * 3, ("count", 0), ("free", 2), ("count", 0)],
-         "num_free counts the blocks allocate can still hand out"),
+        (8, [("count", 0), *take * 3, ("count", 0), ("free", 2), ("count", 0)], COUNT_HINT),
         (8, [*take * 7, ("free", 2), ("free", 5), *take * 2],
          "the lowest free id comes first, whatever order the blocks were freed in"),
         (8, [*take * 4, ("free", 3), ("free", 1), *take * 3],
@@ -147,22 +221,12 @@ def _block_pool_cases() -> list[Case]:
         (64, [*take * 40, *(("free", b) for b in range(39, 0, -3)), *take * 5, ("count", 0)],
          "lowest first keeps the blocks in use packed at the start of the pool"),
     ]
-    cases = [Case(_script_text(n, script), lambda cls, n=n, s=script: _play(cls(n), s),
-                  _play(LowestFirstPool(n), script), why)
-             for n, script, why in scripts]
-
-    def recycle(cls: Any) -> list[Any]:
-        pool, distinct = cls(8), True
-        for _ in range(50):
-            ids = [pool.allocate() for _ in range(5)]
-            distinct = distinct and len(set(ids)) == 5
-            for block in ids:
-                pool.free(block)
-        return [_free_count(pool), distinct]
-
-    cases.append(Case("pool = cls(8); 50 rounds of allocate 5 and free them: "
-                      "[num_free, ids distinct]", recycle, [7, True],
-                      "allocate and free must balance: nothing lost, nothing twice"))
+    cases = [_block_pool_case(n, script, why) for n, script, why in scripts]
+    cases.append(Case("pool = cls(8); 50 rounds of allocate 5 and free them -> num_free, and "
+                      "whether the ids of every round were distinct", _recycle,
+                      {"num_free": 7, "ids distinct in every round": True},
+                      "allocate and free must balance: nothing lost, nothing twice",
+                      hints={"num_free": COUNT_HINT}))
     cases.append(Case("pool = cls(8); allocate() 7 times; allocate()",
                       lambda cls: _play(cls(8), take * 8), Raises(RuntimeError),
                       "an empty pool raises OutOfBlocks (a RuntimeError), never hands out 0 or "
@@ -177,6 +241,28 @@ def _block_pool_cases() -> list[Case]:
         cases.append(Case(_script_text(8, script) + f"  # {why}",
                           lambda cls, s=script: _play(cls(8), s), Raises(ValueError),
                           f"{why}: {refused}"))
+    return cases
+
+
+def _block_pool_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(2):
+        size, held, script = rng.randint(6, 20), [], []
+        pool = LowestFirstPool(size)
+        for _ in range(24):
+            roll = rng.random()
+            if held and roll < 0.4:
+                block = held.pop(rng.randrange(len(held)))
+                pool.free(block)
+                script.append(("free", block))
+            elif roll < 0.5 or not pool.num_free:
+                script.append(("count", 0))
+            else:
+                held.append(pool.allocate())
+                script.append(("allocate", 0))
+        cases.append(_block_pool_case(size, script, "the lowest free id comes first, whatever "
+                                      "order the blocks were freed in"))
     return cases
 
 
@@ -228,16 +314,17 @@ def _ops_text(ops: Sequence[Op]) -> str:
     return "; ".join(calls[op].format(seq, tokens) for op, seq, tokens in ops)
 
 
-def _outcome(cls: Any, num_blocks: int, ops: Sequence[Op], seqs: Sequence[str]) -> list[Any]:
-    """Replay ``ops`` on a fresh library pool: [the slots, each table in ``seqs``, num_free]."""
+def _outcome(cls: Any, num_blocks: int, ops: Sequence[Op], seqs: Sequence[str]) -> dict[str, Any]:
+    """Replay ``ops`` on a fresh library pool: the slots, each table in ``seqs``, num_free."""
     pool = BlockPool(num_blocks, 16)
     tables = cls(pool)
     slots = _replay(tables, ops)
-    return [slots, *(list(tables.block_table(s)) for s in seqs), pool.num_free]
+    return {"slots": slots, **{f"block_table[{s}]": list(tables.block_table(s)) for s in seqs},
+            "pool.num_free": pool.num_free}
 
 
 def _refused(cls: Any, num_blocks: int, setup: Sequence[Op], refused: Op,
-             after: Sequence[Op], seqs: Sequence[str]) -> list[Any]:
+             after: Sequence[Op], seqs: Sequence[str]) -> dict[str, Any]:
     """Replay ``setup``; ``refused`` must raise OutOfBlocks; then ``after`` must still work."""
     pool = BlockPool(num_blocks, 16)
     tables = cls(pool)
@@ -247,49 +334,73 @@ def _refused(cls: Any, num_blocks: int, setup: Sequence[Op], refused: Op,
         raised = "nothing raised"
     except OutOfBlocks:
         raised = "OutOfBlocks"
-    state = [raised, pool.num_free, *(list(tables.block_table(s)) for s in seqs)]
-    return [*state, _replay(tables, after), pool.num_free]
+    state = {"pool.num_free": pool.num_free,
+             **{f"block_table[{s}]": list(tables.block_table(s)) for s in seqs}}
+    return {"the refused call raised": raised, "after the refusal": state,
+            "then": {"slots": _replay(tables, after), "pool.num_free": pool.num_free}}
 
 
-def _growth(cls: Any) -> list[int]:
+def _growth(cls: Any) -> dict[str, int]:
     """Table length after each single-token append from 0 to 40 tokens."""
     tables = cls(BlockPool(8, 16))
     tables.add_sequence("a", 0)
-    lengths = []
-    for _ in range(40):
+    lengths = {}
+    for tokens in range(1, 41):
         tables.append_tokens("a", 1)
-        lengths.append(len(tables.block_table("a")))
+        lengths[f"len(block_table[a]) at {tokens} tokens"] = len(tables.block_table("a"))
     return lengths
 
 
+TABLE_HINTS = {
+    "slots": "a token's slot is where its keys and values sit in the pool: found through the "
+             "table (its block's first slot plus its offset in the block), not from its "
+             "position alone",
+    "block_table": "allocate on demand: a new block only when the last one is full, and a "
+                   "block for every started block of tokens",
+    "pool.num_free": "every block a table holds comes from the pool, and free_sequence gives "
+                     "every one back",
+    "raised": "a table needs a block for every started block of its tokens, a partly filled "
+              "one too",
+    "len(block_table[a])": "allocate on demand: a new block at tokens 1, 17 and 33, never "
+                           "earlier",
+}
+"""Hints by the part of a block-table outcome that differs."""
+
+
+def _tables_case(num_blocks: int, ops: Sequence[Op], seqs: Sequence[str], hint: str,
+                 hints: dict[str, str] | None = None) -> Case:
+    return Case(f"pool = BlockPool({num_blocks}, 16); t = cls(pool); {_ops_text(ops)} -> the "
+                f"slots returned, block_table of {list(seqs)}, pool.num_free",
+                lambda cls, n=num_blocks, o=tuple(ops), s=tuple(seqs): _outcome(cls, n, o, s),
+                _outcome(LibraryTables, num_blocks, ops, seqs), hint,
+                hints=TABLE_HINTS | (hints or {}))
+
+
 def _block_table_cases() -> list[Case]:
-    hint = ("a token's slot is where its keys and values sit in the pool, found through the "
-            "table, not from its position alone; a new block only when the last one is full")
-    scenarios: list[tuple[int, list[Op], list[str], str]] = [
+    last_first = ("free_sequence returns every block, last block first, so a's first block is "
+                  "the next one handed out")
+    forgotten = "a freed sequence is forgotten: its id may start again"
+    scenarios: list[tuple[int, list[Op], list[str], str, dict[str, str]]] = [
         (64, [("add", "chat", 600), ("append", "chat", 300)], ["chat"],
-         "a prompt of 600, then 300 tokens in one append"),
+         "a prompt of 600, then 300 tokens in one append", {}),
         (16, [("add", "a", 20), ("add", "b", 10), ("append", "a", 13), ("append", "b", 6),
               ("append", "b", 1)], ["a", "b"],
-         "two sequences interleave: each table lists its own blocks in logical order"),
+         "two sequences interleave: each table lists its own blocks in logical order", {}),
         (16, [("add", "a", 16), ("append", "a", 16), ("append", "a", 1)], ["a"],
-         "16 tokens fill one block exactly; the 33rd token needs a third block"),
+         "16 tokens fill one block exactly; the 33rd token needs a third block", {}),
         (16, [("add", "a", 40), ("add", "b", 5), ("free", "a", 0), ("append", "b", 30)], ["b"],
-         "free_sequence returns every block; b's new blocks may be a's old ones"),
+         last_first, {"slots": last_first}),
         (16, [("add", "a", 40), ("free", "a", 0), ("add", "a", 3)], ["a"],
-         "a freed sequence is forgotten: its id may start again"),
+         forgotten, {"raised": forgotten}),
         (8, [("add", "a", 0), ("append", "a", 1), ("add", "b", 0), ("append", "b", 17)],
-         ["a", "b"], "an empty prompt holds no block until its first token"),
+         ["a", "b"], "an empty prompt holds no block until its first token", {}),
     ]
-    cases = [
-        Case(f"pool = BlockPool({n}, 16); t = cls(pool); {_ops_text(ops)}; "
-             f"[slots returned, *[t.block_table(s) for s in {seqs}], pool.num_free]",
-             lambda cls, n=n, o=ops, s=seqs: _outcome(cls, n, o, s),
-             _outcome(LibraryTables, n, ops, seqs), f"{why}; {hint}")
-        for n, ops, seqs, why in scenarios
-    ]
+    cases = [_tables_case(*scenario) for scenario in scenarios]
     cases.append(Case("t = cls(BlockPool(8, 16)); add_sequence('a', 0); table length after "
                       "each of 40 single-token appends", _growth, _growth(LibraryTables),
-                      "allocate on demand: a new block at tokens 1, 17 and 33, never earlier"))
+                      TABLE_HINTS["len(block_table[a])"], hints=TABLE_HINTS))
+    refusal = ("a request the pool cannot serve in full is refused with OutOfBlocks and "
+               "changes nothing: no block taken, no table or length changed")
     refusals: list[tuple[int, list[Op], Op, list[Op], list[str], str]] = [
         (5, [("add", "a", 40)], ("append", "a", 40), [("append", "a", 8)], ["a"],
          "append: a needs 2 more blocks and 1 is free"),
@@ -299,12 +410,13 @@ def _block_table_cases() -> list[Case]:
     for n, setup, refused, after, seqs, why in refusals:
         cases.append(Case(
             f"pool = BlockPool({n}, 16); t = cls(pool); {_ops_text(setup)}; "
-            f"{_ops_text([refused])} -> [what it raised, pool.num_free, tables of {seqs}, "
-            f"then {_ops_text(after)}'s slots, pool.num_free]  # {why}",
+            f"{_ops_text([refused])} -> what it raised, pool.num_free and block_table of "
+            f"{seqs} after the refusal, then {_ops_text(after)}'s slots and pool.num_free  "
+            f"# {why}",
             lambda cls, a=(n, setup, refused, after, seqs): _refused(cls, *a),
-            _refused(LibraryTables, n, setup, refused, after, seqs),
-            "a request the pool cannot serve in full is refused with OutOfBlocks and "
-            "changes nothing: no block taken, no table or length changed"))
+            _refused(LibraryTables, n, setup, refused, after, seqs), refusal,
+            hints={"raised": f"{refusal}; a refused add creates no sequence, so the same id "
+                             "may be added later", "then": refusal}))
     errors = [
         ([("free", "ghost", 0)], "an unknown sequence id is a bug"),
         ([("append", "ghost", 1)], "an unknown sequence id is a bug"),
@@ -318,6 +430,41 @@ def _block_table_cases() -> list[Case]:
                    lambda cls, o=ops: _replay(cls(BlockPool(8, 16)), o), Raises(ValueError),
                    f"{why}: raise ValueError naming it")
               for ops, why in errors]
+    return cases
+
+
+def _random_ops(rng: random.Random, num_blocks: int, count: int) -> list[Op]:
+    """Adds, appends and frees that the pool can always serve."""
+    tables, live, ops = LibraryTables(BlockPool(num_blocks, 16)), [], []
+    for index in range(count):
+        roll, free = rng.random(), tables.manager.pool.num_free
+        if live and roll < 0.25:
+            op: Op = ("free", live.pop(rng.randrange(len(live))), 0)
+        elif live and roll < 0.7:
+            seq = rng.choice(live)
+            room = -tables.manager.seq_len(seq) % 16 + 16 * free
+            if room < 1:
+                continue
+            op = ("append", seq, rng.randint(1, min(room, 40)))
+        elif free:
+            op = ("add", f"s{index}", rng.randint(0, 16 * free))
+            live.append(op[1])
+        else:
+            continue
+        _replay(tables, [op])
+        ops.append(op)
+    return ops
+
+
+def _block_table_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(2):
+        num_blocks = rng.randint(8, 24)
+        ops = _random_ops(rng, num_blocks, 10)
+        seqs = sorted({op[1] for op in ops} - {op[1] for op in ops if op[0] == "free"})
+        cases.append(_tables_case(num_blocks, ops, seqs, "each table lists its own blocks in "
+                                  "logical order; a new block only when the last one is full"))
     return cases
 
 
@@ -343,10 +490,41 @@ def cost_per_million(steps: Sequence[Step], bytes_per_token: int, step_seconds: 
     return costs.price_per_hour * seconds / 3600 / decoded * 1e6
 
 
+def _cost_mistakes(steps: Sequence[Step], per: int, extra: dict[str, float]) -> list[
+        tuple[float, str]]:
+    """What each recognised mistake gives for the run, with its hint."""
+    def priced(run: Sequence[Step], **changed: Any) -> float | None:
+        try:
+            return cost_per_million(run, **({"bytes_per_token": per} | extra | changed))
+        except ValueError:
+            return None
+
+    decoding = [step for step in steps if step[0]]
+    as_output = [(d + p, kv, p) for d, kv, p in steps]
+    right = priced(steps) or 0.0
+    return [
+        (priced(decoding), "every step costs time, even one that decodes nothing"),
+        (priced(steps, bytes_per_token=0), "a step also reads the keys and values it attends "
+                                           "over: its KV bytes over the bandwidth is time too"),
+        (priced(as_output), "only decoded tokens are sold: prefilled prompt tokens cost time "
+                            "but are not output"),
+        (right * 3600, "the price is per hour: turn the seconds into hours first"),
+        (right / 1e6, "the answer is per million decoded tokens, not per token"),
+    ]
+
+
+def _cost_case(why: str, steps: Sequence[Step], per: int, extra: dict[str, float]) -> Case:
+    shown = list(steps) if len(steps) < 6 else f"[{len(steps)} steps]"
+    return Case(f"fn(steps={shown}, bytes_per_token={per}"
+                f"{''.join(f', {k}={v}' for k, v in extra.items())})  # {why}",
+                lambda fn, s=tuple(steps), p=per, e=dict(extra): fn(list(s), p, **e),
+                cost_per_million(steps, per, **extra),
+                "every step costs its fixed part, its KV bytes over the bandwidth and its "
+                "prefill; price the hours, then share them over the decoded tokens",
+                compare=recognising(_cost_mistakes(steps, per, extra)))
+
+
 def _cost_cases() -> list[Case]:
-    hint = ("every step costs time, even one that decodes nothing: its fixed part, its KV "
-            "bytes over the bandwidth and its prefill; price the hours, then share them over "
-            "the decoded tokens (millions of them)")
     guide = 131_072
     runs: list[tuple[str, list[Step], int, dict[str, float]]] = [
         ("one step of 60 requests at 900 tokens", [(60, 60 * 900, 0)], guide, {}),
@@ -358,17 +536,26 @@ def _cost_cases() -> list[Case]:
         ("40 ms, 90/h, 1 TB/s", [(32, 32 * 2000, 128), (32, 32 * 2001, 0)], 16_384,
          {"step_seconds": 0.04, "price_per_hour": 90.0, "kv_read_bandwidth": 1e12}),
     ]
-    cases = [
-        Case(f"fn(steps={steps if len(steps) < 6 else f'[{len(steps)} steps]'}, "
-             f"bytes_per_token={per}{''.join(f', {k}={v}' for k, v in extra.items())})  # {why}",
-             lambda fn, s=steps, p=per, e=extra: fn(list(s), p, **e),
-             cost_per_million(steps, per, **extra), hint)
-        for why, steps, per, extra in runs
-    ]
+    cases = [_cost_case(*run) for run in runs]
     cases += [Case(f"fn(steps={steps}, bytes_per_token={guide})  # {why}",
                    lambda fn, s=steps: fn(list(s), guide), Raises(ValueError),
                    "no decoded token, no cost per token: raise ValueError")
               for steps, why in [([], "no steps"), ([(0, 0, 100)], "a prefill-only run")]]
+    return cases
+
+
+def _cost_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for index in range(2):
+        batch = rng.randint(1, 64)
+        steps = [(batch, batch * rng.randint(100, 4000), rng.choice([0, 0, rng.randint(1, 900)]))
+                 for _ in range(rng.randint(2, 5))]
+        steps.insert(rng.randrange(len(steps)), (0, 0, 0))
+        extra = {"step_seconds": rng.choice([0.02, 0.025, 0.04]),
+                 "price_per_hour": float(rng.randint(50, 400))}
+        cases.append(_cost_case(f"seeded run {index + 1}", steps,
+                                rng.choice([16_384, 131_072]), extra))
     return cases
 
 
@@ -386,16 +573,35 @@ def _library_batch(num_blocks: int, ops: Sequence[Op]) -> tuple[Any, Any, list[A
             [packed.tolist(), True])
 
 
-def _pack(fn: Any, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[Any]:
-    """Call the learner on copies: [the packed rows as plain ints, were the inputs untouched]."""
+def _pack(fn: Any, tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> dict[str, Any]:
+    """Call the learner on copies: the packed rows as plain ints, were the inputs untouched."""
     given = [list(table) for table in tables]
     out = fn(given, list(lengths), 16)
-    return [[[int(b) for b in row] for row in out], given == [list(t) for t in tables]]
+    return {"rows": [[int(b) for b in row] for row in out],
+            "inputs unchanged": given == [list(t) for t in tables]}
+
+
+def _pack_case(num_blocks: int, ops: Sequence[Op], why: str) -> Case:
+    tables, lengths, (rows, _) = _library_batch(num_blocks, ops)
+    width = max((len(table) for table in tables), default=0)
+    first = len(tables[0]) if tables else 0
+    mistakes = [
+        ({"rows": [t + [-1] * (width - len(t)) for t in tables], "inputs unchanged": True},
+         "fill the unused places with the null block 0, the block no request owns"),
+        ({"rows": [t + [0] * (first - len(t)) for t in tables], "inputs unchanged": True},
+         "every row is as wide as the longest table, not the first"),
+    ]
+    return Case(f"fn(tables={tables}, seq_lens={lengths}, block_size=16)  # {why} -> the rows, "
+                "and whether the caller's tables were left unchanged",
+                lambda fn, t=tables, ln=lengths: _pack(fn, t, ln),
+                {"rows": rows, "inputs unchanged": True},
+                "every row as wide as the longest table, the gaps filled with the block no "
+                "request owns", compare=recognising(mistakes),
+                hints={"inputs unchanged": "leave the caller's tables as they were: build new "
+                                           "rows instead of padding theirs"})
 
 
 def _pack_cases() -> list[Case]:
-    hint = ("every row as wide as the longest table, the gaps filled with the block no "
-            "request owns; the caller's tables stay as they were")
     scenarios: list[tuple[int, list[Op], str]] = [
         (64, [("add", "chat", 600), ("add", "other", 100), ("append", "other", 150)],
          "the lecture's chat and its companion"),
@@ -405,12 +611,7 @@ def _pack_cases() -> list[Case]:
               ("add", "c", 60)], "after a sequence was freed"),
         (8, [], "an empty batch"),
     ]
-    cases = []
-    for n, ops, why in scenarios:
-        tables, lengths, expected = _library_batch(n, ops)
-        cases.append(Case(f"fn(tables={tables}, seq_lens={lengths}, block_size=16)  # {why} "
-                          "-> [rows, inputs unchanged]",
-                          lambda fn, t=tables, ln=lengths: _pack(fn, t, ln), expected, hint))
+    cases = [_pack_case(*scenario) for scenario in scenarios]
     bad = [([[1, 2]], [40], "a table one block short of its length"),
            ([[1, 2, 3, 4]], [40], "a table with a block its length does not need"),
            ([[1, 2, 3], [4]], [40, 17], "the second table is one block short"),
@@ -418,27 +619,34 @@ def _pack_cases() -> list[Case]:
            ([[1], [2]], [5], "two tables, one length")]
     cases += [Case(f"fn(tables={t}, seq_lens={ln}, block_size=16)  # {why}",
                    lambda fn, t=t, ln=ln: _pack(fn, t, ln), Raises(ValueError),
-                   "a table that does not match its length, or holds the null block, would make "
-                   "the kernel read the wrong memory: raise ValueError naming it (check them all)")
+                   f"{why} would make the kernel read the wrong memory: raise ValueError "
+                   "naming it (check every table)")
               for t, ln, why in bad]
     return cases
+
+
+def _pack_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_pack_case(n, _random_ops(rng, n, 8), f"seeded batch {index + 1}")
+            for index, n in enumerate(rng.randint(8, 24) for _ in range(2))]
 
 
 EXERCISES = (
     Exercise("03.last_block", "Blocks for a length, and the last block's fill",
              _last_block_cases,
-             reference=("course_lib.paged.PagedKVManager", "course_lib.kv_math.blocks_needed")),
+             reference=("course_lib.paged.PagedKVManager", "course_lib.kv_math.blocks_needed"),
+             fresh=_last_block_fresh),
     Exercise("03.u_paged", "Utilisation of a batch of paged sequences", _utilization_cases,
-             reference=("course_lib.kv_math.paged_utilization",)),
+             reference=("course_lib.kv_math.paged_utilization",), fresh=_utilization_fresh),
     Exercise("03.block_pool", "A pool that hands out the lowest free block", _block_pool_cases,
-             reference=()),  # the library's pool hands out another order: no answer key
+             reference=(), fresh=_block_pool_fresh),  # the library's pool hands out another order
     Exercise("03.block_tables", "Block tables that map tokens to slots, all or nothing",
              _block_table_cases,
-             reference=("course_lib.paged.PagedKVManager",)),
+             reference=("course_lib.paged.PagedKVManager",), fresh=_block_table_fresh),
     Exercise("03.cost_per_million", "Cost per million tokens when steps slow down",
              _cost_cases,
              reference=("course_lib.simulator.simulate", "course_lib.simulator.SimResult",
-                        "course_lib.simulator.CostModel")),
+                        "course_lib.simulator.CostModel"), fresh=_cost_fresh),
     Exercise("03.pack_tables", "A batch of block tables for the kernel", _pack_cases,
-             reference=("course_lib.paged.PagedKVManager.batch_tables",)),
+             reference=("course_lib.paged.PagedKVManager.batch_tables",), fresh=_pack_fresh),
 )

@@ -13,23 +13,27 @@ is driven only through its four methods and compared, block id by block id, with
 
 Every case's ``run`` returns plain data (ints, None, str, lists, tuples, dicts), and
 ``strict_equal`` compares it type for type: ``True`` is not ``1`` and ``7.0`` is not ``7``.
+Each case also replays the usual slips (a fork that shares nothing, an append without
+copy-on-write, a hash chain without its parent, a lookup past a miss, ...) on its own
+inputs, so a wrong answer that matches one is told which slip it is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, strict_equal
+from course_lib.grading.check import Case, Exercise, labelled, recognising, strict_equal
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCachingBlockPool,
-    PrefixCachingKVManager,
     block_hashes,
+    hash_block_tokens,
 )
 from course_lib.sharing import cow_demo, system_prompt_sharing
 
@@ -40,9 +44,27 @@ Op = tuple[Any, ...]
 ``("free", seq)``; appends go one token at a time, as decoding does."""
 
 
-def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str) -> Case:
-    """A case compared with ``strict_equal``."""
-    return Case(call, run, expected, hint, strict_equal)
+Mistakes = Sequence[tuple[Any, str]]
+"""What each recognised slip gives on a case's inputs, with its hint."""
+
+
+def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str,
+          mistakes: Mistakes = (), hints: Mapping[str, str] | None = None) -> Case:
+    """A case compared with ``strict_equal`` that recognises ``mistakes``."""
+    return Case(call, run, expected, hint, recognising(mistakes, strict_equal),
+                hints=hints or {})
+
+
+def _slips(replay: Callable[[Any], Any], slips: Sequence[tuple[Any, str]]) -> list[
+        tuple[Any, str]]:
+    """``replay`` of every slip that runs to the end, with its hint."""
+    found = []
+    for slip, hint in slips:
+        try:
+            found.append((replay(slip), hint))
+        except (ValueError, RuntimeError, IndexError, KeyError, TypeError):
+            continue
+    return found
 
 
 PoolState = dict[str, Any]
@@ -174,12 +196,47 @@ FORK_SCRIPTS: tuple[tuple[int, int, list[Op], str], ...] = (
 )
 
 
+def _fork_sharing_nothing(pool: BlockPool, table: list[int]) -> list[int]:
+    return list(table)
+
+
+def _fork_copying(pool: BlockPool, table: list[int]) -> list[int]:
+    return [pool.allocate() for _ in table]
+
+
+def _fork_all_but_last(pool: BlockPool, table: list[int]) -> list[int]:
+    for block in table[:-1]:
+        pool.share(block)
+    return list(table)
+
+
+def _fork_same_list(pool: BlockPool, table: list[int]) -> list[int]:
+    for block in table:
+        pool.share(block)
+    return table
+
+
+FORK_SLIPS = (
+    (_fork_sharing_nothing, "the pool must know that each of the parent's blocks now has one "
+                            "more reader: share every block"),
+    (_fork_copying, "a fork stores nothing new: the child reads the parent's own blocks"),
+    (_fork_all_but_last, "every block of the parent gets one more reader, its last (partly "
+                         "filled) block too"),
+    (_fork_same_list, "the child's table must be a list of its own: growing one table must not "
+                      "change the other"),
+)
+"""Wrong forks the checks recognise, with their hints."""
+
+
 def _fork_state_case(num_blocks: int, block_size: int, script: list[Op], hint: str) -> Case:
     return _case(
         f"fork(pool, table) in: {_script_text(block_size, script)}",
-        lambda fn: _replay(num_blocks, block_size, script, fn, _library_append),
+        lambda fn, n=num_blocks, b=block_size, s=tuple(script): _replay(n, b, s, fn,
+                                                                         _library_append),
         _expected_state(num_blocks, block_size, script),
         hint,
+        _slips(lambda slip: _replay(num_blocks, block_size, script, slip, _library_append),
+               FORK_SLIPS),
     )
 
 
@@ -198,17 +255,35 @@ def _fork_cases() -> list[Case]:
         "parent = [1, 2]; child = fork(pool, parent); child.append(7); parent",
         _fork_keeps_parent,
         [1, 2],
-        "the child's table must be its own: growing the child must not change the parent",
+        FORK_SLIPS[3][1],
     ))
     demo = _samples(1000, 4, 200)
     cases.append(_case(
         "fork(pool, table) in the source's demo: 1,000-token prompt, 4 samples x 200 tokens, "
-        "blocks of 16",
+        "blocks of 16 -> free blocks at the end",
         lambda fn: _replay(301, 16, demo, fn, _library_append)["free"],
         _expected_state(301, 16, demo)["free"],
         "free blocks at the end of the source's demo: forks must share, not copy",
     ))
     return cases
+
+
+def _random_samples(rng: random.Random, fork_first: bool) -> tuple[int, int, list[Op]]:
+    """(blocks, block size, script): a prompt, forked samples, interleaved decoding."""
+    size = rng.choice([2, 4, 8, 16])
+    prompt, count, new = rng.randint(0, 5 * size), rng.randint(1, 4), rng.randint(1, 2 * size)
+    script = _samples(prompt, count, new)
+    if not fork_first:
+        script = [("add", "p", prompt), ("fork", "p", "s0"), ("append", "p", new),
+                  ("append", "s0", new)]
+    needed = blocks_needed(prompt + new, size) * (count + 1) + 2
+    return needed, size, script
+
+
+def _fork_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_fork_state_case(*_random_samples(rng, fork_first), FORK_HINT)
+            for fork_first in (True, False)]
 
 
 # --- 04.append_token ----------------------------------------------------------------------
@@ -247,28 +322,76 @@ def _demo_summary(state: PoolState) -> tuple[int, tuple[Any, ...], Any]:
     return len(refs), lasts, refs.get(first, 0)
 
 
+def _append_without_copy(pool: BlockPool, table: list[int], length: int) -> int:
+    if length % pool.block_size == 0:
+        table.append(pool.allocate())
+    return length + 1
+
+
+def _append_copying_alone(pool: BlockPool, table: list[int], length: int) -> int:
+    if length % pool.block_size == 0:
+        table.append(pool.allocate())
+    else:
+        old = table[-1]
+        table[-1] = pool.allocate()
+        pool.free(old)
+    return length + 1
+
+
+def _append_copying_full(pool: BlockPool, table: list[int], length: int) -> int:
+    if table and pool.ref_count(table[-1]) > 1:
+        table[-1] = pool.copy_on_write(table[-1])
+    elif length % pool.block_size == 0:
+        table.append(pool.allocate())
+    return length + 1
+
+
+APPEND_SLIPS = (
+    (_append_without_copy, "the last block is partly filled and another sequence still reads "
+                           "it: copy it before writing (copy-on-write)"),
+    (_append_copying_alone, "a block nobody else reads is written in place: copy only a "
+                            "shared block"),
+    (_append_copying_full, "a full block is never written again, shared or not: the next token "
+                           "needs a new block, not a copy"),
+)
+"""Wrong appends the checks recognise, with their hints."""
+
+APPEND_LABELS = {"lengths": "append_token returns the sequence's new length"}
+
+
+def _append_case(num_blocks: int, size: int, script: Sequence[Op], hint: str) -> Case:
+    return _case(
+        f"append_token(pool, table, length) in: {_script_text(size, script)}",
+        lambda fn, n=num_blocks, b=size, s=tuple(script): _replay(n, b, s, _library_fork, fn),
+        _expected_state(num_blocks, size, script),
+        hint,
+        _slips(lambda slip: _replay(num_blocks, size, script, _library_fork, slip),
+               APPEND_SLIPS),
+        APPEND_LABELS,
+    )
+
+
 def _append_cases() -> list[Case]:
-    cases = [
-        _case(
-            f"append_token(pool, table, length) in: {_script_text(size, script)}",
-            lambda fn, n=n, size=size, script=script: _replay(n, size, script, _library_fork, fn),
-            _expected_state(n, size, script),
-            hint,
-        )
-        for n, size, script, hint in APPEND_SCRIPTS
-    ]
+    cases = [_append_case(*args) for args in APPEND_SCRIPTS]
     demo = cow_demo(prompt_tokens=1000, samples=4, new_tokens=200, block_size=16)
+    script = _samples(1000, 4, 200)
     cases.append(_case(
         "the source's demo with append_token: 1,000-token prompt, 4 samples x 200 tokens, "
         "blocks of 16 -> (blocks in use, last prompt block per sample, first block's count)",
-        lambda fn: _demo_summary(
-            _replay(301, 16, _samples(1000, 4, 200), _library_fork, fn)
-        ),
+        lambda fn: _demo_summary(_replay(301, 16, script, _library_fork, fn)),
         (demo.blocks_in_use, demo.last_prompt_block_per_sample, demo.first_block_refcount),
         "the source's demo: which of the four samples still shares the prompt's partly "
         "filled last block when it writes?",
+        _slips(lambda slip: _demo_summary(_replay(301, 16, script, _library_fork, slip)),
+               APPEND_SLIPS),
     ))
     return cases
+
+
+def _append_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_append_case(*_random_samples(rng, fork_first), APPEND_HINT)
+            for fork_first in (True, False)]
 
 
 # --- 04.block_hashes ----------------------------------------------------------------------
@@ -296,6 +419,45 @@ def _prompt(length: int, seed: int = 0) -> list[int]:
     return [rng.randrange(32_000) for _ in range(length)]
 
 
+def _hash_chain(tokens: Sequence[int], size: int, salt: str | None, *, chained: bool = True,
+                salted: str = "first", partial: bool = False) -> list[BlockHash]:
+    """The hash chain, or what a slip makes of it: no parent, the salt on every block (or
+    on none), the partly filled tail hashed too."""
+    hashes: list[BlockHash] = []
+    end = len(tokens) if partial else len(tokens) - len(tokens) % size
+    for start in range(0, end, size):
+        keys = (salt,) if salt is not None and (salted == "every" or (
+            salted == "first" and not start)) else ()
+        parent = hashes[-1] if hashes and chained else None
+        hashes.append(hash_block_tokens(parent, tokens[start:start + size], keys))
+    return hashes
+
+
+def _hash_mistakes(tokens: Sequence[int], size: int, salt: str | None) -> list[tuple[Any, str]]:
+    slips = [
+        ({"chained": False}, "each full block's hash must name its whole prefix: chain it from "
+                             "the previous block's hash"),
+        ({"partial": True}, "a block that is still being filled has no hash: only full blocks "
+                            "are hashed"),
+        ({"salted": "every"}, "the salt is an extra key of the first block only; the others "
+                              "inherit it through the chain"),
+        ({"salted": "none"}, "the salt must change every hash of the chain: pass it as the "
+                             "first block's extra key"),
+    ]
+    return [(_short(_hash_chain(tokens, size, salt, **slip)), hint) for slip, hint in slips]
+
+
+def _hashes_case(tokens: Sequence[int], size: int, salt: str | None, hint: str) -> Case:
+    shown = list(tokens) if len(tokens) <= 10 else f"<{len(tokens)} tokens>"
+    return _case(
+        f"fn({shown}, block_size={size}{_salt_text(salt)})",
+        lambda fn, t=tuple(tokens), s=size, c=salt: _short(list(_with_salt(fn, c, list(t), s))),
+        _short(block_hashes(tokens, size, cache_salt=salt)),
+        hint,
+        _hash_mistakes(tokens, size, salt),
+    )
+
+
 def _block_hashes_cases() -> list[Case]:
     hint = ("each full block's hash must name its whole prefix, not only its own tokens: "
             "what does hash_block_tokens take besides the tokens?")
@@ -312,29 +474,18 @@ def _block_hashes_cases() -> list[Case]:
         (list(range(5)), 1, "tenant-b", salt_hint),
         (_prompt(1000), 16, None, "a long prompt: how many of its blocks are full?"),
     ]
-    cases = []
-    for tokens, size, salt, case_hint in inputs:
-        shown = tokens if len(tokens) <= 10 else f"<{len(tokens)} tokens>"
-        cases.append(_case(
-            f"fn({shown}, block_size={size}{_salt_text(salt)})",
-            lambda fn, t=tokens, s=size, c=salt: _short(list(_with_salt(fn, c, list(t), s))),
-            _short(block_hashes(tokens, size, cache_salt=salt)),
-            case_hint,
-        ))
-    return cases
+    return [_hashes_case(*entry) for entry in inputs]
+
+
+def _block_hashes_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_hashes_case(_prompt(rng.randint(0, 60), rng.randrange(10**6)),
+                         rng.choice([1, 2, 4, 16]), salt, "each full block's hash names its "
+                         "whole prefix (and the salt, if any)")
+            for salt in (None, f"tenant-{rng.randrange(100)}", None)]
 
 
 # --- 04.longest_cached_prefix -------------------------------------------------------------
-
-
-def _cache_of(pool: PrefixCachingBlockPool) -> dict[BlockHash, int]:
-    """The cache as the exercise sees it: block hash -> the block that holds it."""
-    cache: dict[BlockHash, int] = {}
-    for block in range(1, pool.num_blocks):
-        block_hash = pool.block_hash(block)
-        if block_hash is not None:
-            cache.setdefault(block_hash, block)
-    return cache
 
 
 def _library_lookup(
@@ -353,12 +504,14 @@ def _library_lookup(
 def _cached_after(
     size: int, prompts: Sequence[tuple[list[int], str | None]]
 ) -> dict[BlockHash, int]:
-    """The cache after running ``prompts`` (tokens, salt) through the prefix-caching manager."""
-    manager = PrefixCachingKVManager(PrefixCachingBlockPool(256, size))
-    for index, (tokens, salt) in enumerate(prompts):
-        manager.add_sequence(f"r{index}", token_ids=tokens, cache_salt=salt)
-        manager.free_sequence(f"r{index}")
-    return _cache_of(manager.pool)
+    """The cache after ``prompts`` (tokens, salt) ran one after another: each full block's
+    hash -> a block id, new ids in order of first use. Built from the hash chain alone, so
+    the input that travels to the learner's kernel owes nothing to the answer key."""
+    cache: dict[BlockHash, int] = {}
+    for tokens, salt in prompts:
+        for block_hash in block_hashes(tokens, size, cache_salt=salt):
+            cache.setdefault(block_hash, len(cache) + 1)
+    return cache
 
 
 def _lookup_cases() -> list[Case]:
@@ -396,17 +549,65 @@ def _lookup_cases() -> list[Case]:
         ("cache after a chat with a 1,000-token system prompt", cached_system,
          [*system, 7, 7, 7], 16, None, "the whole system prompt was cached by the first chat"),
     ]
+    return [_lookup_case(*entry) for entry in inputs]
+
+
+def _lookup_slip(cache: Mapping[BlockHash, int], tokens: Sequence[int], size: int,
+                 salt: str | None, usable: int, stop: bool = True) -> list[int]:
+    """A lookup over the first ``usable`` blocks, stopping at the first miss or not."""
+    found = []
+    for block_hash in block_hashes(tokens, size, cache_salt=salt)[:max(usable, 0)]:
+        if block_hash in cache:
+            found.append(cache[block_hash])
+        elif stop:
+            break
+    return found
+
+
+def _lookup_mistakes(cache: Mapping[BlockHash, int], tokens: Sequence[int], size: int,
+                     salt: str | None) -> list[tuple[Any, str]]:
+    usable = max(len(tokens) - 1, 0) // size
+    return [
+        (_lookup_slip(cache, tokens, size, salt, usable, stop=False),
+         "a cached block is useful only if every block before it is cached too: stop at the "
+         "first miss"),
+        (_lookup_slip(cache, tokens, size, salt, len(tokens) // size),
+         "the model must compute the last prompt token itself: the block holding it cannot "
+         "come from the cache"),
+        (_lookup_slip(cache, tokens, size, salt, len(tokens) // size - 1),
+         "leave out only the block that holds the last prompt token: every full block before "
+         "it may come from the cache"),
+        (_lookup_slip(cache, tokens, size, None, usable),
+         "hash the prompt with its salt, as the cache hashed it"),
+    ]
+
+
+def _lookup_case(label: str, cache: dict[BlockHash, int], tokens: list[int], size: int,
+                 salt: str | None, hint: str) -> Case:
+    shown = tokens if len(tokens) <= 11 else f"<{len(tokens)} tokens>"
+    return _case(
+        f"fn(<{label}>, {shown}, block_size={size}{_salt_text(salt)})",
+        lambda fn, c=cache, t=tokens, s=size, k=salt: list(_with_salt(fn, k, dict(c), list(t), s)),
+        _library_lookup(cache, tokens, size, salt),
+        hint,
+        _lookup_mistakes(cache, tokens, size, salt),
+    )
+
+
+def _lookup_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
     cases = []
-    for label, cache, tokens, size, salt, hint in inputs:
-        shown = tokens if len(tokens) <= 11 else f"<{len(tokens)} tokens>"
-        cases.append(_case(
-            f"fn(<{label}>, {shown}, block_size={size}{_salt_text(salt)})",
-            lambda fn, c=cache, t=tokens, s=size, k=salt: list(
-                _with_salt(fn, k, dict(c), list(t), s)
-            ),
-            _library_lookup(cache, tokens, size, salt),
-            hint,
-        ))
+    for index in range(3):
+        size, salt = rng.choice([2, 4, 8]), rng.choice([None, "acme"])
+        prompts = [_prompt(rng.randint(size, 6 * size), rng.randrange(10**6)) for _ in range(2)]
+        cache = _cached_after(size, [(prompt, salt) for prompt in prompts])
+        query = prompts[0][:rng.randint(0, len(prompts[0]))] + _prompt(rng.randint(0, 2 * size),
+                                                                       rng.randrange(10**6))
+        label = (f"seeded cache {index + 1}: prompts of {len(prompts[0])} and "
+                 f"{len(prompts[1])} tokens, salt {salt!r}")
+        cases.append(_lookup_case(label, cache, query, size, rng.choice([salt, salt, None]),
+                                  "the longest run of cached blocks from the start, short of "
+                                  "the block that holds the last prompt token"))
     return cases
 
 
@@ -450,29 +651,39 @@ class _LibraryQueue:
 def _play(
     queue: Any, script: Sequence[QueueOp], tables: dict[str, list[Any]] | None = None
 ) -> list[Any]:
-    """Run ``script`` on ``queue``; what ``allocate`` and ``lookup`` returned, in order."""
+    """Run ``script`` on ``queue``; what ``allocate`` and ``lookup`` returned, by label: a
+    table's blocks as ``A[0]``, ``A[1]``, a hit as ``B = hit on 'a1'``, a lookup by its call."""
     tables = {} if tables is None else tables
-    out: list[Any] = []
+    out: dict[str, Any] = {}
     for op in script:
         if op[0] == "alloc":
             tables[op[1]] = []
             try:
-                for _ in range(op[2]):
+                for index in range(op[2]):
                     tables[op[1]].append(queue.allocate())
+                    out[f"{op[1]}[{index}]"] = tables[op[1]][-1]
             except OutOfBlocks:
-                out += [*tables[op[1]], "OutOfBlocks"]
-            else:
-                out += tables[op[1]]
+                out[f"{op[1]}[{len(tables[op[1]])}]"] = "OutOfBlocks"
+        elif op[0] == "free" and op[1] not in tables:  # the learner's hit missed
+            out[f"free({op[1]})"] = "skipped: the hit found no block"
         elif op[0] == "free":
             queue.free(list(tables.pop(op[1])), list(op[2]))
         elif op[0] == "hit":
-            out.append(queue.lookup(op[2]))
-            if out[-1] is not None:
-                queue.touch(out[-1])
-                tables[op[1]] = [out[-1]]
+            found = out[f"{op[1]} = hit on {op[2]!r}"] = queue.lookup(op[2])
+            if found is not None:
+                queue.touch(found)
+                tables[op[1]] = [found]
         else:
-            out.append(queue.lookup(op[1]))
+            out[_free_label(out, f"lookup({op[1]!r})")] = queue.lookup(op[1])
     return out
+
+
+def _free_label(seen: Mapping[str, Any], label: str) -> str:
+    """``label``, or ``label #n`` when an earlier lookup took it."""
+    count = 1
+    while (label if count == 1 else f"{label} #{count}") in seen:
+        count += 1
+    return label if count == 1 else f"{label} #{count}"
 
 
 def _queue_text(num_blocks: int, script: Sequence[QueueOp]) -> str:
@@ -512,7 +723,7 @@ def _random_script(seed: int, num_blocks: int, steps: int) -> list[QueueOp]:
             op = ("alloc", seq, rng.randint(1, min(3, library.pool.num_free)))
         else:
             continue
-        found = _play(library, [op], tables)
+        found = list(_play(library, [op], tables).values())
         if op[0] == "alloc":
             live[seq] = [f"{seq}.{i}" for i in range(op[2])]
         elif op[0] == "hit" and found[0] is not None:
@@ -554,27 +765,124 @@ QUEUE_SCRIPTS: tuple[tuple[int, list[QueueOp], str], ...] = (
 )
 
 
+class _QueueSlip:
+    """The free queue with one slip switched on, to tell a wrong queue by what it returns."""
+
+    def __init__(self, num_blocks: int, slip: str) -> None:
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.holders = [0] * num_blocks
+        self.hash_of: dict[int, str] = {}
+        self.block_of: dict[str, int] = {}
+        self.slip = slip
+
+    def allocate(self) -> int:
+        if not self.queue:
+            raise OutOfBlocks(1, 0)
+        block, _ = self.queue.popitem(last=False)
+        if self.slip != "hash_kept" and block in self.hash_of:
+            del self.block_of[self.hash_of.pop(block)]
+        self.holders[block] = 1
+        return block
+
+    def free(self, blocks: Sequence[int], hashes: Sequence[str | None]) -> None:
+        pairs = list(zip(blocks, hashes, strict=True))
+        for block, name in pairs if self.slip == "head_first" else reversed(pairs):
+            if name is not None:
+                self.hash_of[block], self.block_of[name] = name, block
+            self.holders[block] -= 1
+            if self.holders[block] == 0:
+                self.queue[block] = None
+                to_front = self.slip == "newest_first" or block not in self.hash_of
+                if to_front and self.slip != "tail_at_back":
+                    self.queue.move_to_end(block, last=False)
+
+    def lookup(self, name: str) -> int | None:
+        return self.block_of.get(name)
+
+    def touch(self, block: int) -> None:
+        if self.slip != "hit_stays" and (self.holders[block] == 0
+                                         or self.slip == "holders_ignored"):
+            self.queue.pop(block, None)
+        self.holders[block] = 1 if self.slip == "holders_ignored" else self.holders[block] + 1
+
+
+QUEUE_SLIPS = (
+    ("tail_at_back", "a freed block without a hash holds nothing a later request can find: it "
+                     "goes to the front of the queue, ahead of cached blocks, so it never "
+                     "pushes a cached block out"),
+    ("head_first", "free a request's blocks tail first: the last block of a prefix is worth "
+                   "least to the next request, so it must be evicted first"),
+    ("newest_first", "cached blocks join the back of the queue: the one freed longer ago is "
+                     "evicted first"),
+    ("hash_kept", "a block handed out again is overwritten: its hash must no longer be found"),
+    ("holders_ignored", "a block two requests hold is free again only when both are done: "
+                        "count its holders"),
+    ("hit_stays", "a cache hit takes its block back out of the queue: nobody else may be "
+                  "handed it while it is read"),
+)
+"""Wrong free queues the checks recognise, with their hints."""
+
+
+def _queue_case(num_blocks: int, script: Sequence[QueueOp], call: str, hint: str) -> Case:
+    return _case(
+        f"{call} -> what allocate and lookup returned",
+        lambda cls, n=num_blocks, s=tuple(script): _play(cls(n), s),
+        _play(_LibraryQueue(num_blocks), script),
+        hint,
+        _slips(lambda slip: _play(_QueueSlip(num_blocks, slip), script), QUEUE_SLIPS),
+    )
+
+
+RANDOM_QUEUE_HINT = ("compare your queue with the rules one by one: front or back, tail before "
+                     "head, hits leave the queue, evicted hashes are forgotten")
+
+
+def _random_queue_case(seed: int) -> Case:
+    script = _random_script(seed, 9, 60)
+    return _queue_case(9, script, f"q = cls(9); a seeded mix of {len(script)} allocations, "
+                       f"frees and hits (seed {seed})", RANDOM_QUEUE_HINT)
+
+
 def _queue_cases() -> list[Case]:
-    cases = [
-        _case(f"{_queue_text(n, script)} -> [what allocate and lookup returned]",
-              lambda cls, n=n, script=script: _play(cls(n), script),
-              _play(_LibraryQueue(n), script), hint)
-        for n, script, hint in QUEUE_SCRIPTS
-    ]
-    for seed in (1, 2):
-        script = _random_script(seed, 9, 60)
-        cases.append(_case(
-            f"q = cls(9); a seeded mix of {len(script)} allocations, frees and hits (seed "
-            f"{seed}) -> [what allocate and lookup returned]",
-            lambda cls, script=script: _play(cls(9), script),
-            _play(_LibraryQueue(9), script),
-            "compare your queue with the rules one by one: front or back, tail before head, "
-            "hits leave the queue, evicted hashes are forgotten",
-        ))
-    return cases
+    cases = [_queue_case(n, script, _queue_text(n, script), hint)
+             for n, script, hint in QUEUE_SCRIPTS]
+    return cases + [_random_queue_case(seed) for seed in (1, 2)]
+
+
+def _queue_fresh(seed: int) -> list[Case]:
+    return [_random_queue_case(random.Random(seed).randrange(3, 10**6))]
 
 
 # --- 04.system_prompt_blocks --------------------------------------------------------------
+
+
+PROMPT_LABELS = ("blocks with sharing", "blocks without sharing")
+
+
+def _system_prompt_case(prompt: int, chats: int, size: int, hint: str) -> Case:
+    demo = system_prompt_sharing(prompt, chats, size)
+    per_chat, shared = blocks_needed(prompt, size), (prompt - 1) // size
+    full = prompt // size
+    with_, without = demo.blocks_with_sharing, demo.blocks_without_sharing
+    mistakes = [
+        ({PROMPT_LABELS[0]: full + chats * (per_chat - full), PROMPT_LABELS[1]: without},
+         "a later chat must compute its last prompt token itself, so the block that holds it "
+         "is never shared"),
+        ({PROMPT_LABELS[0]: chats * (per_chat - shared), PROMPT_LABELS[1]: without},
+         "the shared blocks are still held once, by the cache: count them too"),
+        ({PROMPT_LABELS[0]: without, PROMPT_LABELS[1]: with_},
+         "return (with sharing, without sharing), in that order"),
+        ({PROMPT_LABELS[0]: with_, PROMPT_LABELS[1]: per_chat},
+         "without sharing every chat holds all its own blocks"),
+    ]
+    return _case(
+        f"fn(prompt_tokens={prompt}, chats={chats}, block_size={size}) -> (blocks with sharing, "
+        "blocks without sharing)",
+        lambda fn, p=prompt, c=chats, s=size: labelled(PROMPT_LABELS, fn(p, c, s)),
+        {PROMPT_LABELS[0]: with_, PROMPT_LABELS[1]: without},
+        hint,
+        mistakes,
+    )
 
 
 def _system_prompt_cases() -> list[Case]:
@@ -591,34 +899,36 @@ def _system_prompt_cases() -> list[Case]:
         (16, 3, 16, "one full block that holds the last prompt token: the rule of exercise 4"),
         (33, 4, 16, hint),
     ]
-    cases = []
-    for prompt, chats, size, case_hint in inputs:
-        demo = system_prompt_sharing(prompt, chats, size)
-        cases.append(_case(
-            f"fn(prompt_tokens={prompt}, chats={chats}, block_size={size})",
-            lambda fn, p=prompt, c=chats, s=size: tuple(fn(p, c, s)),
-            (demo.blocks_with_sharing, demo.blocks_without_sharing),
-            case_hint,
-        ))
-    return cases
+    return [_system_prompt_case(*entry) for entry in inputs]
+
+
+def _system_prompt_fresh(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [_system_prompt_case(rng.choice([rng.randint(1, 4000), size * rng.randint(1, 100)]),
+                                rng.randint(1, 80), size, "count what one chat holds, then "
+                                "which of those blocks a later chat takes from the cache")
+            for size in (rng.choice([8, 16, 32, 128]) for _ in range(3))]
 
 
 EXERCISES = (
     Exercise("04.fork", "Fork a block table", _fork_cases,
-             reference=("course_lib.paged.PagedKVManager.fork",)),
+             reference=("course_lib.paged.PagedKVManager.fork",), fresh=_fork_fresh),
     Exercise("04.append_token", "Append a token with copy-on-write", _append_cases,
-             reference=("course_lib.paged.PagedKVManager.append_tokens",)),
+             reference=("course_lib.paged.PagedKVManager.append_tokens",), fresh=_append_fresh),
     Exercise("04.block_hashes", "The block-hash chain", _block_hashes_cases,
              reference=("course_lib.prefix_cache.block_hashes",
-                        "course_lib.prefix_cache.PrefixCachingKVManager")),
+                        "course_lib.prefix_cache.PrefixCachingKVManager"),
+             fresh=_block_hashes_fresh),
     Exercise("04.longest_cached_prefix", "Longest cached prefix", _lookup_cases,
              reference=("course_lib.prefix_cache.PrefixCachingBlockPool",
-                        "course_lib.prefix_cache.PrefixCachingKVManager")),
+                        "course_lib.prefix_cache.PrefixCachingKVManager"),
+             fresh=_lookup_fresh),
     Exercise("04.free_queue", "The prefix cache's free queue and eviction order",
              _queue_cases,
              reference=("course_lib.prefix_cache.PrefixCachingBlockPool",
-                        "course_lib.prefix_cache.PrefixCachingKVManager")),
+                        "course_lib.prefix_cache.PrefixCachingKVManager"),
+             fresh=_queue_fresh),
     Exercise("04.system_prompt_blocks", "Blocks for chats behind one system prompt",
              _system_prompt_cases,
-             reference=("course_lib.sharing",)),
+             reference=("course_lib.sharing",), fresh=_system_prompt_fresh),
 )

@@ -16,12 +16,20 @@ returned instead of its id is reported, not accepted.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from course_lib.grading.ch05_step import SCHEDULER_STEP
-from course_lib.grading.check import Case, Exercise, Raises, strict_equal
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    Verdict,
+    first_difference,
+    strict_equal,
+)
 from course_lib.kv_math import MODELS, blocks_needed
 from course_lib.scheduler import (
     POLICIES,
@@ -47,14 +55,30 @@ def _plain(value: Any) -> Any:
         return value
     if type(value) in (list, tuple):
         return type(value)(_plain(item) for item in value)
+    if type(value) is dict:
+        return {key: _plain(item) for key, item in value.items()}
     text = repr(value)
     return f"a {type(value).__name__}, not plain data: " + (
         text if len(text) <= 60 else text[:57] + "...")
 
 
+RETURN_PLAIN = ("return plain data (an id, a number, a bool, lists of them), not a Request or "
+                "an object of your own")
+
+
+def _strict(got: Any, expected: Any) -> Verdict:
+    """Type-strict equality that names the first part that differs, and a value that was
+    not plain data (see :func:`_plain`) as such."""
+    if strict_equal(got, expected):
+        return Verdict(True)
+    if isinstance(got, str) and ", not plain data: " in got:
+        return Verdict(False, f"returned: {got}", RETURN_PLAIN)
+    return Verdict(False, first_difference(got, expected, strict_equal) or "")
+
+
 def _case(call: str, run: Any, expected: Any, hint: str) -> Case:
     """A case whose result is made plain and compared strictly."""
-    return Case(call, lambda obj: _plain(run(obj)), expected, hint, strict_equal)
+    return Case(call, lambda obj: _plain(run(obj)), expected, hint, _strict)
 
 
 def _show(request: Request) -> str:
@@ -68,7 +92,10 @@ def admitted_count(waiting: Sequence[int], free_blocks: int, block_size: int,
                    num_running: int, step_tokens: int, max_num_seqs: int | None = None,
                    max_num_batched_tokens: int | None = None) -> int:
     """How many of the ``waiting`` requests (their lengths, in queue order) the library's
-    scheduler admits into a step, each taking blocks for its length plus one token."""
+    scheduler admits into a step. Each takes blocks for its length plus the token it writes
+    in this step, and charges the step's budget both, as the serving core counts an
+    admission (``course_lib.serving``; the simulator turns a prompt of P tokens into a core
+    prompt of P + 1)."""
     check_int("free_blocks", free_blocks, 0)
     check_int("block_size", block_size, 1)
     for length in waiting:
@@ -83,47 +110,76 @@ def admitted_count(waiting: Sequence[int], free_blocks: int, block_size: int,
     admitted = 0
     for length in waiting:
         need = blocks_needed(length + 1, block_size)
-        if not scheduler.admits(length, step_tokens) or need > free_blocks:
+        if not scheduler.admits(length + 1, step_tokens) or need > free_blocks:
             break
         scheduler.admit_next()
-        free_blocks, step_tokens, admitted = free_blocks - need, step_tokens + length, admitted + 1
+        free_blocks, step_tokens = free_blocks - need, step_tokens + length + 1
+        admitted += 1
     return admitted
 
 
+ADMIT_BLOCKS = ("a request starts with blocks for its length plus the token it writes in this "
+                "step (length // block_size + 1 blocks), and what one admission takes is no "
+                "longer free for the next")
+ADMIT_ORDER = ("the queue is served strictly in order: when the head cannot start, nobody "
+               "behind it may jump ahead")
+ADMIT_BUDGET = ("max_num_batched_tokens counts step_tokens plus, for each admission, its length "
+                "+ 1 (its prefill and the token it writes in this step), as the serving core "
+                "counts an admission; the admissions made a moment ago in the same step count "
+                "too")
+ADMIT_SEATS = ("max_num_seqs counts the running requests, including those admitted a moment "
+               "ago in the same step")
+BAD_INPUT = "refuse impossible input with ValueError, whichever argument it is"
+
+AdmitArgs = tuple[list[int], int, int, int, int, int | None, int | None]
+"""waiting, free blocks, block size, running, step tokens, max_num_seqs,
+max_num_batched_tokens."""
+
+
+def _admit_case(args: AdmitArgs, hint: str) -> Case:
+    return _case(f"fn(waiting={args[0]}, free_blocks={args[1]}, block_size={args[2]}, "
+                 f"num_running={args[3]}, step_tokens={args[4]}, max_num_seqs={args[5]}, "
+                 f"max_num_batched_tokens={args[6]})",
+                 lambda fn, a=args: fn(list(a[0]), *a[1:]), admitted_count(*args), hint)
+
+
 def _admit_cases() -> list[Case]:
-    blocks = ("a request starts with blocks for what it holds and for the token it writes in "
-              "this step; what one admission takes is no longer free for the next")
-    order = ("the queue is served in order: when the head cannot start, nobody behind it "
-             "may jump ahead")
-    limits = ("the limits count what this step already holds, including the requests "
-              "admitted a moment ago in the same step")
-    bad = "refuse impossible input with ValueError, whichever argument it is"
-    settings = [
-        # waiting, free, block, running, step tokens, max_num_seqs, max_num_batched_tokens
-        (([100, 200, 50], 20, 16, 0, 0, None, None), blocks),
-        (([400, 10], 10, 16, 0, 0, None, None), order),
-        (([32, 15], 3, 16, 0, 0, None, None), blocks),
-        (([31], 2, 16, 0, 0, None, None), blocks),
-        (([47, 47], 6, 16, 2, 2, None, None), blocks),
-        (([10, 10, 10, 10], 100, 16, 6, 6, 8, None), limits),
-        (([3000, 3000, 3000], 1000, 16, 10, 10, None, 8192), limits),
-        (([8182, 1], 1000, 16, 10, 10, None, 8192), limits),
-        (([10, 10], 100, 16, 256, 256, 256, None), limits),
-        (([100, 7, 300, 5], 9, 16, 3, 3, 5, 120), limits),
-        (([], 5, 16, 0, 0, None, None), blocks),
+    settings: list[tuple[AdmitArgs, str]] = [
+        (([100, 200, 50], 20, 16, 0, 0, None, None), ADMIT_BLOCKS),
+        (([400, 10], 10, 16, 0, 0, None, None), ADMIT_ORDER),
+        (([32, 15], 3, 16, 0, 0, None, None), ADMIT_BLOCKS),
+        (([31], 2, 16, 0, 0, None, None), ADMIT_BLOCKS),
+        (([47, 47], 6, 16, 2, 2, None, None), ADMIT_BLOCKS),
+        (([10, 10, 10, 10], 100, 16, 6, 6, 8, None), ADMIT_SEATS),
+        (([8181, 1], 1000, 16, 10, 10, None, 8192), ADMIT_BUDGET),  # 10 + 8182 = 8192 fits
+        (([8182, 1], 1000, 16, 10, 10, None, 8192), ADMIT_BUDGET),  # 10 + 8183 does not
+        (([3000, 3000, 3000], 1000, 16, 10, 10, None, 8192), ADMIT_BUDGET),
+        (([10, 10], 100, 16, 256, 256, 256, None), ADMIT_SEATS),
+        (([100, 7, 300, 5], 9, 16, 3, 3, 5, 120), ADMIT_BUDGET),
+        (([], 5, 16, 0, 0, None, None), ADMIT_BLOCKS),
     ]
-    cases = [
-        _case(f"fn(waiting={a[0]}, free_blocks={a[1]}, block_size={a[2]}, num_running={a[3]}, "
-              f"step_tokens={a[4]}, max_num_seqs={a[5]}, max_num_batched_tokens={a[6]})",
-              lambda fn, a=a: fn(list(a[0]), *a[1:]), admitted_count(*a), hint)
-        for a, hint in settings
-    ]
+    cases = [_admit_case(args, hint) for args, hint in settings]
     for args, what in ((([10], 4, 0, 0, 0), "block_size=0"),
                        (([10], -1, 16, 0, 0), "free_blocks=-1"),
                        (([10, 0], 4, 16, 0, 0), "a waiting length of 0")):
         cases.append(_case(f"fn(waiting={args[0]}, free_blocks={args[1]}, block_size={args[2]}, "
                            f"num_running=0, step_tokens=0)  # {what}",
-                           lambda fn, args=args: fn(*args), Raises(ValueError), bad))
+                           lambda fn, args=args: fn(*args), Raises(ValueError), BAD_INPUT))
+    return cases
+
+
+def _admit_fresh(seed: int) -> list[Case]:
+    """A queue under each kind of limit, drawn from ``seed``."""
+    rng = random.Random(seed)
+    cases = []
+    for hint in (ADMIT_BLOCKS, ADMIT_SEATS, ADMIT_BUDGET):
+        waiting = [rng.randint(1, 120) for _ in range(rng.randint(2, 6))]
+        running = rng.randint(0, 8)
+        seats = running + rng.randint(1, 4) if hint == ADMIT_SEATS else None
+        budget = running + rng.randint(20, 300) if hint == ADMIT_BUDGET else None
+        free = rng.randint(1, 30) if hint == ADMIT_BLOCKS else 1000
+        cases.append(_admit_case((waiting, free, rng.choice([4, 8, 16]), running, running,
+                                  seats, budget), hint))
     return cases
 
 
@@ -139,29 +195,50 @@ def priority_victim(running: Sequence[Request]) -> int:
     return max(running, key=lambda r: (r.priority, r.arrival)).id
 
 
-def _victim_cases() -> list[Case]:
-    hint = ("compare the requests on importance first (a larger number is less important), "
-            "then on arrival; work out by hand which one goes when two are equal in both")
+VICTIM_IMPORTANCE = ("the least important request goes (a LARGER priority number is less "
+                     "important), wherever it stands in the list")
+VICTIM_ARRIVAL = "among equally important requests, the one that ARRIVED last goes"
+VICTIM_TIE = ("when two are equal in both priority and arrival, the one EARLIEST in the running "
+              "list goes, as Python's max keeps the first of equals")
+VICTIM_EMPTY = "nobody runs, so nobody can be preempted: raise ValueError"
+VICTIM_RETURNED = "return the victim's id (a plain int), not the Request"
 
+
+def _victim_case(running: Sequence[Request], hint: str) -> Case:
+    case = _case(f"fn(running=[{', '.join(map(_show, running))}])",
+                 lambda fn, running=tuple(running): fn(list(running)),
+                 priority_victim(running), hint)
+    return replace(case, hints={"returned": VICTIM_RETURNED})
+
+
+def _victim_cases() -> list[Case]:
     def req(rid: int, arrival: int, priority: int = 0) -> Request:
         return Request(rid, 10, 10, arrival=arrival, priority=priority)
 
     settings = [
-        [req(0, 0, 1), req(1, 1, 0), req(2, 2, 2), req(3, 3, 1)],
-        [req(5, 4, 1), req(6, 9, 1), req(7, 2, 0)],
-        [req(3, 5), req(4, 6), req(1, 0)],                 # request 1 came back last
-        [req(8, 3, 2), req(9, 3, 2), req(10, 1, 2)],       # 8 and 9 tie exactly
-        [req(11, 2, 0), req(12, 7, -1), req(13, 2, 0)],    # 11 and 13 tie exactly
-        [req(14, 0, 3), req(15, 1, 3), req(16, 1, 3), req(17, 0, 3)],
-        [req(20, 5, 0)],
+        ([req(0, 0, 1), req(1, 1, 0), req(2, 2, 2), req(3, 3, 1)], VICTIM_IMPORTANCE),
+        ([req(5, 4, 1), req(6, 9, 1), req(7, 2, 0)], VICTIM_ARRIVAL),
+        ([req(3, 5), req(4, 6), req(1, 0)], VICTIM_ARRIVAL),  # request 1 came back last
+        ([req(8, 3, 2), req(9, 3, 2), req(10, 1, 2)], VICTIM_TIE),  # 8 and 9 tie exactly
+        ([req(11, 2, 0), req(12, 7, -1), req(13, 2, 0)], VICTIM_TIE),  # 11 and 13 tie exactly
+        ([req(14, 0, 3), req(15, 1, 3), req(16, 1, 3), req(17, 0, 3)], VICTIM_TIE),
+        ([req(20, 5, 0)], VICTIM_IMPORTANCE),
     ]
-    cases = [
-        _case(f"fn(running=[{', '.join(map(_show, running))}])",
-              lambda fn, running=running: fn(list(running)), priority_victim(running), hint)
-        for running in settings
-    ]
-    cases.append(_case("fn(running=[])", lambda fn: fn([]), Raises(ValueError),
-                       "nobody runs, so nobody can be preempted: raise ValueError"))
+    cases = [_victim_case(running, hint) for running, hint in settings]
+    cases.append(_case("fn(running=[])", lambda fn: fn([]), Raises(ValueError), VICTIM_EMPTY))
+    return cases
+
+
+def _victim_fresh(seed: int) -> list[Case]:
+    """Running lists with few priorities and arrivals, so that ties are common."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        ids = rng.sample(range(100), rng.randint(2, 6))
+        running = [Request(i, 10, 10, arrival=rng.randint(0, 3), priority=rng.randint(0, 2))
+                   for i in ids]
+        cases.append(_victim_case(running, f"{VICTIM_IMPORTANCE}; {VICTIM_ARRIVAL}; "
+                                           f"{VICTIM_TIE}"))
     return cases
 
 
@@ -175,24 +252,43 @@ def recomputed(prompt_len: int, generated: int, cached_blocks: int, block_size: 
     return tokens_to_recompute(prompt_len + generated, cached_blocks, block_size)
 
 
+RECOMPUTE_CACHE = ("the prefix cache gives back whole full blocks only, never the last token: "
+                   "at least one token goes through the model to produce the next one")
+RECOMPUTE_ALL = ("everything the request held is prefilled again (its prompt AND the tokens it "
+                 "generated), except the cached blocks")
+
+
+def _recompute_case(p: int, g: int, c: int, b: int, hint: str) -> Case:
+    return _case(f"fn(prompt_len={p}, generated={g}, cached_blocks={c}, block_size={b})",
+                 lambda fn: fn(p, g, c, b), recomputed(p, g, c, b), hint)
+
+
 def _recompute_cases() -> list[Case]:
-    hint = ("everything the request held is prefilled again, except what the prefix cache "
-            "still holds; but some token must go through the model to produce the next one")
     settings = [
-        (886, 0, 0, 16), (886, 14, 0, 16), (886, 14, 20, 16), (880, 16, 56, 16),
-        (880, 17, 56, 16), (9, 3, 3, 4), (9, 3, 2, 4), (6, 2, 5, 4), (1000, 1, 62, 16),
-        (1000, 1, 7, 128), (16, 0, 1, 16), (1, 0, 4, 1),
+        (886, 0, 0, 16, RECOMPUTE_ALL), (886, 14, 0, 16, RECOMPUTE_ALL),
+        (886, 14, 20, 16, RECOMPUTE_ALL), (880, 16, 56, 16, RECOMPUTE_CACHE),
+        (880, 17, 56, 16, RECOMPUTE_CACHE), (9, 3, 3, 4, RECOMPUTE_CACHE),
+        (9, 3, 2, 4, RECOMPUTE_ALL), (6, 2, 5, 4, RECOMPUTE_CACHE),
+        (1000, 1, 62, 16, RECOMPUTE_CACHE), (1000, 1, 7, 128, RECOMPUTE_CACHE),
+        (16, 0, 1, 16, RECOMPUTE_CACHE), (1, 0, 4, 1, RECOMPUTE_CACHE),
     ]
-    cases = [
-        _case(f"fn(prompt_len={p}, generated={g}, cached_blocks={c}, block_size={b})",
-              lambda fn, p=p, g=g, c=c, b=b: fn(p, g, c, b), recomputed(p, g, c, b), hint)
-        for p, g, c, b in settings
-    ]
+    cases = [_recompute_case(*setting) for setting in settings]
     for bad in ((100, 5, 2, 0), (0, 5, 2, 16), (100, -1, 2, 16), (100, 5, -1, 16)):
         cases.append(_case("fn(prompt_len={}, generated={}, cached_blocks={}, block_size={})"
                            .format(*bad), lambda fn, bad=bad: fn(*bad), Raises(ValueError),
-                           "refuse impossible input with ValueError, whichever argument it is"))
+                           BAD_INPUT))
     return cases
+
+
+def _recompute_fresh(seed: int) -> list[Case]:
+    """A request with part of it cached, and one whose cache holds all of it."""
+    rng = random.Random(seed)
+    block = rng.choice([4, 8, 16])
+    p, g = rng.randint(1, 300), rng.randint(0, 40)
+    full = (p + g) // block
+    return [_recompute_case(p, g, rng.randint(0, max(full - 1, 0)), block, RECOMPUTE_ALL),
+            _recompute_case(block * rng.randint(1, 20), 0, rng.randint(20, 40), block,
+                            RECOMPUTE_CACHE)]
 
 
 # --- exercise 4: swap space --------------------------------------------------------------------
@@ -204,60 +300,77 @@ def _used(space: Any) -> Any:
     return value() if callable(value) else value
 
 
-def _replay(cls: Any, capacity: int, ops: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """Run ``ops`` on ``cls(capacity)``: every call's result, then the blocks in use."""
+def _call_text(op: str, args: Sequence[Any]) -> str:
+    return "s.used_blocks" if op == "used" else f"s.{op}({', '.join(map(str, args))})"
+
+
+def _replay(cls: Any, capacity: int, ops: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    """Run ``ops`` on ``cls(capacity)``: every call's result, labelled by the call and its
+    place in the script (``"s.swap_out(2, 8) #2"``)."""
     space = cls(capacity)
-    results: list[Any] = []
-    for op, *args in ops:
-        if op == "used":
-            results.append(_used(space))
-        else:
-            results.append(getattr(space, op)(*args))
+    results: dict[str, Any] = {}
+    for number, (op, *args) in enumerate(ops, 1):
+        label = f"{_call_text(op, args)} #{number}"
+        results[label] = _used(space) if op == "used" else getattr(space, op)(*args)
     return results
 
 
 def _describe_ops(capacity: int, ops: Sequence[tuple[Any, ...]]) -> str:
-    calls = [f"s = cls({capacity})"]
-    for op, *args in ops:
-        calls.append("s.used_blocks" if op == "used"
-                     else f"s.{op}({', '.join(map(str, args))})")
-    return "; ".join(calls)
+    return "; ".join([f"s = cls({capacity})", *(_call_text(op, args) for op, *args in ops)])
+
+
+SWAP_WHOLE = ("a request is kept whole or not at all: swap_out returns False and keeps nothing "
+              "when it does not fit (the caller recomputes it instead)")
+SWAP_EDGE = "a request that needs exactly the space left fits"
+SWAP_RELEASE = "what comes back in (swap_in) no longer occupies the CPU side"
+SWAP_TWICE = "a request cannot be out twice: raise ValueError"
+
+
+def _swap_case(capacity: int, ops: Sequence[tuple[Any, ...]], hint: str) -> Case:
+    try:
+        expected: Any = _replay(SwapSpace, capacity, ops)
+    except ValueError:
+        expected = Raises(ValueError)
+    return _case(_describe_ops(capacity, ops), lambda cls: _replay(cls, capacity, ops),
+                 expected, hint)
 
 
 def _swap_cases() -> list[Case]:
     scripts: list[tuple[int, list[tuple[Any, ...]], str]] = [
         (10, [("used",), ("swap_out", 1, 4), ("used",), ("holds", 1), ("holds", 2)],
          "a request that fits is kept, and the space in use says so"),
-        (10, [("swap_out", 1, 4), ("swap_out", 2, 8), ("holds", 2), ("used",),
-              ("swap_out", 3, 6), ("used",), ("swap_out", 4, 1), ("holds", 4)],
-         "a request is kept whole or not at all (the caller recomputes it instead); check "
-         "the edge where a request needs exactly the space that is left"),
+        (10, [("swap_out", 1, 4), ("swap_out", 2, 8), ("holds", 2), ("used",)], SWAP_WHOLE),
+        (10, [("swap_out", 1, 4), ("swap_out", 3, 6), ("used",), ("swap_out", 4, 1),
+              ("holds", 4)], f"{SWAP_EDGE}; {SWAP_WHOLE}"),
         (10, [("swap_out", 1, 7), ("swap_in", 1), ("used",), ("swap_out", 2, 10), ("used",),
-              ("holds", 1)],
-         "what comes back in no longer occupies the CPU side"),
+              ("holds", 1)], SWAP_RELEASE),
         (0, [("swap_out", 1, 1), ("used",)], "no swap space, no swapping"),
         (5, [("swap_out", 1, 5), ("swap_in", 1), ("swap_out", 1, 2), ("used",)],
          "a request swapped back in may be swapped out again later"),
-    ]
-    cases = [
-        _case(_describe_ops(capacity, ops) + "  # results, in order",
-              lambda cls, capacity=capacity, ops=ops: _replay(cls, capacity, ops),
-              _replay(SwapSpace, capacity, ops), hint)
-        for capacity, ops, hint in scripts
-    ]
-    errors: list[tuple[int, list[tuple[Any, ...]], str]] = [
-        (10, [("swap_in", 3)], "only a request that is out can come back in"),
-        (10, [("swap_out", 1, 2), ("swap_out", 1, 2)], "a request cannot be out twice"),
+        (10, [("swap_in", 3)], "only a request that is out can come back in: raise ValueError"),
+        (10, [("swap_out", 1, 2), ("swap_out", 1, 2)], SWAP_TWICE),
         (10, [("swap_out", 1, 2), ("swap_in", 1), ("swap_in", 1)],
-         "once back in, the request is no longer out"),
+         "once back in, the request is no longer out: raise ValueError"),
     ]
-    cases += [
-        _case(_describe_ops(capacity, ops),
-              lambda cls, capacity=capacity, ops=ops: _replay(cls, capacity, ops),
-              Raises(ValueError), hint + ": raise ValueError")
-        for capacity, ops, hint in errors
-    ]
-    return cases
+    return [_swap_case(*script) for script in scripts]
+
+
+def _swap_fresh(seed: int) -> list[Case]:
+    """A random script of swaps out and in that never breaks the rules (a request comes back
+    in only while the library's swap space holds it)."""
+    rng = random.Random(seed)
+    capacity = rng.randint(4, 20)
+    space, ops = SwapSpace(capacity), []
+    for request in rng.sample(range(50), 8):
+        held = [rid for rid in range(50) if space.holds(rid)]
+        if held and rng.random() < 0.4:
+            back = rng.choice(held)
+            space.swap_in(back)
+            ops += [("swap_in", back), ("used",)]
+        blocks = rng.randint(1, capacity)
+        space.swap_out(request, blocks)
+        ops += [("swap_out", request, blocks), ("holds", request), ("used",)]
+    return [_swap_case(capacity, ops, f"{SWAP_WHOLE}; {SWAP_EDGE}; {SWAP_RELEASE}")]
 
 
 # --- exercise 5: the cost of coming back, with the prefix cache ---------------------------------
@@ -280,12 +393,32 @@ def _costs_text(costs: CostModel) -> str:
             f"pcie_bandwidth={costs.pcie_bandwidth:g})")
 
 
+RESUME_RECOMPUTE = ("recompute pays for the tokens exercise 3 counts: all the request's tokens "
+                    "but the cached full blocks, and never fewer than one")
+RESUME_SWAP = ("swap does not look at the cache: every block of the request goes out AND comes "
+               "back in, and a block moves whole however full it is")
+
+
+def _resume_parts(value: Any) -> Any:
+    """A pair as ``{"recompute": ..., "swap": ...}`` for the report; anything else as is."""
+    if type(value) in (tuple, list) and len(value) == 2:
+        return {"recompute": value[0], "swap": value[1]}
+    return value
+
+
+def _resume_case(n: int, c: int, b: int, p: int, m: CostModel) -> Case:
+    return replace(
+        _case(f"fn(length={n}, cached_blocks={c}, block_size={b}, bytes_per_token={p}, "
+              f"costs={_costs_text(m)})", lambda fn: _resume_parts(fn(n, c, b, p, m)),
+              _resume_parts(resume_seconds(n, c, b, p, m)), RESUME_RECOMPUTE),
+        hints={"recompute": RESUME_RECOMPUTE, "swap": RESUME_SWAP})
+
+
+SLOW_LINK = CostModel(step_seconds=0.01, prefill_seconds_per_token=1e-4,
+                      swap_seconds_per_block=1e-3, pcie_bandwidth=8e9)
+
+
 def _resume_cases() -> list[Case]:
-    hint = ("recompute pays only for the tokens the cache cannot give back (exercise 3); swap "
-            "does not look at the cache: the whole request leaves and returns, block by block, "
-            "and a block moves whole however full it is")
-    slow_link = CostModel(step_seconds=0.01, prefill_seconds_per_token=1e-4,
-                          swap_seconds_per_block=1e-3, pcie_bandwidth=8e9)
     opt = MODELS["opt-13b"].bytes_per_token()
     settings = [
         (1000, 0, 16, GUIDE_TOKEN_BYTES, ROOFLINE_COSTS),
@@ -293,16 +426,20 @@ def _resume_cases() -> list[Case]:
         (1000, 0, 1, GUIDE_TOKEN_BYTES, ROOFLINE_COSTS),
         (1024, 64, 16, GUIDE_TOKEN_BYTES, ROOFLINE_COSTS),
         (886, 3, 256, GUIDE_TOKEN_BYTES, ROOFLINE_COSTS),
-        (17, 1, 16, 1024, slow_link),
-        (4096, 100, 32, opt, slow_link),
+        (17, 1, 16, 1024, SLOW_LINK),
+        (4096, 100, 32, opt, SLOW_LINK),
     ]
-    return [
-        _case(f"fn(length={n}, cached_blocks={c}, block_size={b}, bytes_per_token={p}, "
-              f"costs={_costs_text(m)})",
-              lambda fn, n=n, c=c, b=b, p=p, m=m: tuple(fn(n, c, b, p, m)),
-              resume_seconds(n, c, b, p, m), hint)
-        for n, c, b, p, m in settings
-    ]
+    return [_resume_case(*setting) for setting in settings]
+
+
+def _resume_fresh(seed: int) -> list[Case]:
+    """A request of random length, part of it cached, on either cost model."""
+    rng = random.Random(seed)
+    block = rng.choice([8, 16, 32])
+    length = rng.randint(block + 1, 3000)
+    return [_resume_case(length, rng.randint(0, length // block), block,
+                         rng.choice([1024, GUIDE_TOKEN_BYTES]),
+                         rng.choice([ROOFLINE_COSTS, SLOW_LINK]))]
 
 
 # --- exercise 6: plan one step's preemptions (from a specification) -----------------------------
@@ -336,38 +473,49 @@ def _show_running(running: Sequence[tuple[Request, int]]) -> str:
     return "[" + ", ".join(f"({_show(r)}, {length})" for r, length in running) + "]"
 
 
-def running_sets() -> list[tuple[list[tuple[Request, int]], int, int]]:
-    """Running sets, free blocks and block sizes the plan is checked on."""
+PLAN_NEED = ("a request needs a new block only when its blocks are all full (length % "
+             "block_size == 0); one with room in its last block needs none")
+PLAN_FCFS = "under fcfs the NEWEST admission (the last in the list) goes first"
+PLAN_PRIORITY = "under priority the victim is exercise 2's, among the requests still running"
+PLAN_VICTIM = ("a victim gives back EVERY block it holds (its partly filled last one too) and "
+               "no longer needs a new one; stop as soon as everyone left can write")
+
+RunningSet = tuple[list[tuple[Request, int]], int, int, str]
+"""``(running, free_blocks, block_size, hint)``: running pairs of (request, its length)."""
+
+
+def running_sets() -> list[RunningSet]:
+    """Running sets, free blocks and block sizes the plan is checked on, each with the hint
+    of the mistake it is built to catch."""
     def r(rid: int, length: int, arrival: int = 0, priority: int = 0) -> tuple[Request, int]:
         return Request(rid, 10, 10, arrival=arrival, priority=priority), length
 
     return [
-        ([r(0, 17), r(1, 30), r(2, 5)], 0, 16),  # nobody is full
-        ([r(0, 32), r(1, 16), r(2, 20)], 2, 16),  # two need a block, two are free
-        ([r(0, 32), r(1, 16), r(2, 20)], 1, 16),  # one short
-        ([r(0, 16), r(1, 48), r(2, 33), r(3, 64)], 0, 16),
-        ([r(0, 8), r(1, 8), r(2, 8), r(3, 1)], 0, 8),  # a victim that frees one block
-        ([r(0, 4, 0, 2), r(1, 8, 1, 0), r(2, 3, 2, 1), r(3, 12, 3, 0)], 0, 4),
-        ([r(5, 12, 1, 1), r(6, 8, 2, 1), r(7, 16, 0, 0), r(8, 4, 2, 1)], 0, 4),
-        ([r(0, 15, 0, 0), r(1, 16, 1, 0)], 0, 16),  # 15 tokens need no new block
-        ([r(0, 1, 0, 0)], 0, 1),
-        ([], 0, 16),
+        ([r(0, 17), r(1, 30), r(2, 5)], 0, 16, PLAN_NEED),  # nobody is full
+        ([r(0, 15), r(1, 30)], 0, 16, PLAN_NEED),  # 15 tokens of 16: room for one more
+        ([r(0, 32), r(1, 16), r(2, 20)], 2, 16, PLAN_NEED),  # two need a block, two are free
+        ([r(0, 32), r(1, 16), r(2, 20)], 1, 16, PLAN_FCFS),  # one short
+        ([r(0, 15, 0, 0), r(1, 16, 1, 0)], 0, 16, PLAN_FCFS),  # the newest is full
+        ([r(0, 8), r(1, 8), r(2, 8), r(3, 1)], 0, 8, PLAN_VICTIM),  # a victim frees 1 block
+        ([r(0, 16), r(1, 48), r(2, 33), r(3, 64)], 0, 16, PLAN_VICTIM),
+        ([r(0, 4, 0, 2), r(1, 8, 1, 0), r(2, 3, 2, 1), r(3, 12, 3, 0)], 0, 4, PLAN_PRIORITY),
+        ([r(5, 12, 1, 1), r(6, 8, 2, 1), r(7, 16, 0, 0), r(8, 4, 2, 1)], 0, 4, PLAN_PRIORITY),
+        ([r(0, 1, 0, 0)], 0, 1, PLAN_VICTIM),
+        ([], 0, 16, PLAN_NEED),
     ]
+
+
+def _plan_case(running: list[tuple[Request, int]], free: int, size: int, policy: str,
+               hint: str) -> Case:
+    return _case(f"fn(running={_show_running(running)}, free_blocks={free}, "
+                 f"block_size={size}, policy={policy!r})",
+                 lambda fn: fn(list(running), free, size, policy),
+                 plan_preemptions(running, free, size, policy), hint)
 
 
 def _plan_cases() -> list[Case]:
-    hint = ("a request needs a new block only when its blocks are full; a victim gives back "
-            "every block it holds and no longer needs one; stop as soon as everyone left fits")
-    cases = [
-        _case(f"fn(running={_show_running(running)}, free_blocks={free}, "
-              f"block_size={size}, policy={policy!r})",
-              lambda fn, running=running, free=free, size=size, policy=policy:
-              fn(list(running), free, size, policy),
-              plan_preemptions(running, free, size, policy),
-              hint + ("; under fcfs the newest admission goes first" if policy == "fcfs"
-                      else "; under priority the victim is exercise 2's, among those left"))
-        for running, free, size in running_sets() for policy in POLICIES
-    ]
+    cases = [_plan_case(running, free, size, policy, hint)
+             for running, free, size, hint in running_sets() for policy in POLICIES]
     one = [(Request(0, 10, 10), 16)]
     for args, what in (((one, 0, 16, "random"), "policy='random'"),
                        ((one, -1, 16, "fcfs"), "free_blocks=-1"),
@@ -376,24 +524,36 @@ def _plan_cases() -> list[Case]:
         cases.append(_case(f"fn(running={_show_running(args[0])}, free_blocks={args[1]}, "
                            f"block_size={args[2]}, policy={args[3]!r})  # {what}",
                            lambda fn, args=args: fn(list(args[0]), *args[1:]),
-                           Raises(ValueError),
-                           "refuse impossible input with ValueError, whichever argument it is"))
+                           Raises(ValueError), BAD_INPUT))
     return cases
+
+
+def _plan_fresh(seed: int) -> list[Case]:
+    """A random running set on an empty pool, under each policy."""
+    rng = random.Random(seed)
+    size = rng.choice([4, 8])
+    running = [(Request(rid, 10, 10, arrival=rng.randint(0, 3), priority=rng.randint(0, 2)),
+                size * rng.randint(1, 4) if rng.random() < 0.6 else rng.randint(1, 4 * size))
+               for rid in rng.sample(range(40), rng.randint(3, 7))]
+    free = rng.randint(0, 2)
+    return [_plan_case(running, free, size, policy,
+                       f"{PLAN_NEED}; {PLAN_FCFS if policy == 'fcfs' else PLAN_PRIORITY}; "
+                       f"{PLAN_VICTIM}") for policy in POLICIES]
 
 
 EXERCISES = (
     Exercise("05.admit_from_queue", "Admit from the waiting queue", _admit_cases,
-             reference=("course_lib.scheduler.Scheduler",)),
+             reference=("course_lib.scheduler.Scheduler",), fresh=_admit_fresh),
     Exercise("05.choose_victim", "vLLM's priority victim", _victim_cases,
-             reference=("course_lib.scheduler.Scheduler",)),
+             reference=("course_lib.scheduler.Scheduler",), fresh=_victim_fresh),
     Exercise("05.recompute_tokens", "Tokens a resumed request recomputes", _recompute_cases,
-             reference=("course_lib.scheduler.tokens_to_recompute",)),
+             reference=("course_lib.scheduler.tokens_to_recompute",), fresh=_recompute_fresh),
     Exercise("05.swap_space", "Swap-space accounting", _swap_cases,
-             reference=("course_lib.scheduler.SwapSpace",)),
+             reference=("course_lib.scheduler.SwapSpace",), fresh=_swap_fresh),
     Exercise("05.resume_seconds", "The cost of coming back, with the prefix cache",
              _resume_cases,
-             reference=("course_lib.simulator.CostModel.step_time",)),
+             reference=("course_lib.simulator.CostModel.step_time",), fresh=_resume_fresh),
     Exercise("05.plan_preemptions", "Plan one step's preemptions", _plan_cases,
-             reference=("course_lib.scheduler.Scheduler",)),
+             reference=("course_lib.scheduler.Scheduler",), fresh=_plan_fresh),
     SCHEDULER_STEP,
 )

@@ -12,19 +12,25 @@ the step's block claims, preemptions and admissions (before its decode), plus
 Expected values are the simulator's own decisions, not a second implementation of the rules:
 :func:`simulator_steps` runs ``simulate(..., record="full")`` and rebuilds, from its log of
 admissions, block claims, preemptions and finishes, the state before and after every step.
-A case replays one trace: the learner's function gets each step's state and must return
-what the simulator did; the first step that differs is reported with the state it started
-from, what came back and what the simulator did.
+A case runs the learner's function closed loop on one trace (:func:`closed_loop`, which
+uses only the trace): each step's state is made from the learner's own previous result
+(every running request writes its token, those at their final length finish) plus the
+step's arrivals, so no expected state enters the learner's process. The grader compares
+the results with the simulator's (:func:`explain_run`) and reports the first step and field
+that differ, with the state that step started from. Two more cases call the function on
+hand-made states where a request holds a spare block (:data:`SCENES`), the only states in
+which two of the rules show.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Satisfies, satisfies
+from course_lib.grading.check import Case, Exercise, Satisfies, Verdict, satisfies
 from course_lib.scheduler import SchedulerConfig
 from course_lib.simulator import Event, SimConfig, simulate
 from course_lib.workload import Request, generate_trace
@@ -49,19 +55,21 @@ class Replay:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
 
-    def config(self) -> SimConfig:
-        """The simulator's configuration: one byte per token, so the budget counts slots
-        (one block more than ``num_blocks``: the pool's reserved null block)."""
-        return SimConfig(
-            budget_bytes=(self.num_blocks + 1) * self.block_size, bytes_per_token=1,
-            block_size=self.block_size, max_len=max(r.total_len for r in self.trace),
-            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
-                                      max_num_batched_tokens=self.max_num_batched_tokens))
-
     def call(self, fn: Callable[..., Any], state: State) -> Any:
         """The learner's ``fn`` on a copy of ``state`` (it may change what it is given)."""
         return fn(copy.deepcopy(state), self.block_size, self.max_num_seqs,
                   self.max_num_batched_tokens)
+
+
+def sim_config(replay: Replay) -> SimConfig:
+    """The simulator's configuration for ``replay``: one byte per token, so the budget counts
+    slots (one block more than ``num_blocks``: the pool's reserved null block). Not a method:
+    a :class:`Replay` travels into the learner's process, where the simulator is not."""
+    return SimConfig(
+        budget_bytes=(replay.num_blocks + 1) * replay.block_size, bytes_per_token=1,
+        block_size=replay.block_size, max_len=max(r.total_len for r in replay.trace),
+        scheduler=SchedulerConfig(max_num_seqs=replay.max_num_seqs,
+                                  max_num_batched_tokens=replay.max_num_batched_tokens))
 
 
 @dataclass
@@ -104,7 +112,7 @@ class _Server:
 def simulator_steps(replay: Replay) -> list[tuple[int, State, State]]:
     """``(step, state before, result)`` for every step in which the simulator scheduled
     (idle steps, with nothing running or waiting, are skipped), rebuilt from its event log."""
-    result = simulate(replay.trace, replay.config(), record="full")
+    result = simulate(replay.trace, sim_config(replay), record="full")
     if result.rejections:
         raise ValueError(f"{replay.label}: the simulator rejects {result.rejections}")
     timeline = result.timeline
@@ -136,7 +144,7 @@ def simulator_steps(replay: Replay) -> list[tuple[int, State, State]]:
     return steps
 
 
-# --- the replay and its report -----------------------------------------------------------------
+# --- the closed-loop run and its report --------------------------------------------------------
 
 
 def _plain_result(out: Any) -> State:
@@ -147,6 +155,77 @@ def _plain_result(out: Any) -> State:
             "waiting": [{"id": w["id"], "length": w["length"]} for w in out["waiting"]],
             "free_blocks": out["free_blocks"], "preempted": list(out["preempted"]),
             "admitted": list(out["admitted"])}
+
+
+def _next_state(result: State, finals: dict[int, int]) -> State:
+    """The state after ``result``'s step: every running request writes its token, and those
+    that reach their final length (``finals``, by id) finish and free their blocks."""
+    running, free = [], result["free_blocks"]
+    for entry in result["running"]:
+        entry = dict(entry, length=entry["length"] + 1)
+        if entry["length"] >= finals[entry["id"]]:
+            free += entry["blocks"]
+        else:
+            running.append(entry)
+    return {"running": running, "waiting": [dict(w) for w in result["waiting"]],
+            "free_blocks": free}
+
+
+def step_limit(case: Replay) -> int:
+    """Steps after which a closed-loop run is cut off: a run that does not end by then keeps
+    requests forever (a correct one ends well before, the trace being admissible)."""
+    return 2 * (max(r.arrival for r in case.trace) + sum(r.total_len for r in case.trace)) + 8
+
+
+@dataclass(frozen=True)
+class Records:
+    """A closed-loop run's records, shown in the report by their number and last step
+    (``to_plain`` makes it ``{"records": [...]}``)."""
+
+    records: list[dict[str, Any]]
+
+    def __repr__(self) -> str:
+        last = self.records[-1] if self.records else {}
+        ending = f"; step {last['step']} {last['error']}" if "error" in last else ""
+        return f"your results at {len(self.records)} steps{ending}"
+
+
+def closed_loop(fn: Callable[..., Any], case: Replay) -> list[dict[str, Any]]:
+    """Drive ``fn`` through ``case``'s trace on its own results: each step's state is the
+    learner's previous result after its decode and finishes, plus the step's arrivals.
+
+    Returns one record per step in which something runs or waits: ``{"step": t, "result":
+    ...}``, or, at the first step that raises or returns something unreadable, ``{"step": t,
+    "error": why}`` and nothing after it. No expected value is used, so the records go to
+    the grader, which compares them with the simulator's (:func:`simulator_steps`).
+    """
+    finals = {r.id: r.total_len for r in case.trace}
+    state: State = {"running": [], "waiting": [], "free_blocks": case.num_blocks}
+    records: list[dict[str, Any]] = []
+    last_arrival = max(r.arrival for r in case.trace)
+    for t in range(step_limit(case)):
+        state["waiting"] += [{"id": r.id, "length": r.prompt_len}  # arrivals, in trace order
+                             for r in case.trace if r.arrival == t]
+        if not state["running"] and not state["waiting"]:
+            if t >= last_arrival:
+                break
+            continue
+        try:
+            out = case.call(fn, state)
+        except NotImplementedError:
+            raise
+        except Exception as error:  # the learner's code may raise anything
+            return [*records, {"step": t, "error": f"raised {type(error).__name__}: {error}"}]
+        try:
+            result = _plain_result(out)
+            state = _next_state(result, finals)
+        except (KeyError, TypeError, ValueError) as error:
+            return [*records, {"step": t, "error": (
+                f"cannot read {out!r:.60} ({type(error).__name__}: {error}); a result is a "
+                f"dict of {', '.join(FIELDS)}, requests as dicts of ids and lengths known "
+                "to the step")}]
+        records.append({"step": t, "result": result})
+    return records
 
 
 def _show(key: str, value: Any) -> str:
@@ -163,56 +242,98 @@ def _show_state(state: State) -> str:
                      for key in ("running", "waiting", "free_blocks"))
 
 
-def replay(fn: Callable[..., Any], case: Replay,
-           steps: Sequence[tuple[int, State, State]]) -> list[State] | str:
-    """Call ``fn`` on each step's state: its results while they match the simulator's, or,
-    at the first step that differs (or raises), a line saying where, what and from where."""
-    results = []
-    for t, before, want in steps:
-        try:
-            out = case.call(fn, before)
-        except NotImplementedError:
-            raise
-        except Exception as error:  # the learner's code may raise anything
-            return (f"step {t}: raised {type(error).__name__}: {error}; "
-                    f"from {_show_state(before)}")
-        try:
-            got = _plain_result(out)
-        except (KeyError, TypeError) as error:
-            return (f"step {t}: cannot read {out!r:.60} ({type(error).__name__}: {error}); a "
-                    f"result is a dict of {', '.join(FIELDS)}, requests as dicts")
-        if got != want:
-            key = next(k for k in FIELDS if got[k] != want[k])
-            return (f"step {t}: {key} {_show(key, got[key])} but the simulator has "
-                    f"{_show(key, want[key])}; from {_show_state(before)}")
-        results.append(got)
-    return results
+def _recognised(key: str, got: State, want: State, before: State, case: Replay) -> str:
+    """The hint of a mistake recognised from how the first differing field differs, or "":
+    an admission the rules forbid, named by the rule it breaks."""
+    if key != "admitted" or len(got["admitted"]) <= len(want["admitted"]):
+        return ""
+    if want["preempted"]:
+        return PREEMPTED_ADMITS
+    queue = [w["id"] for w in before["waiting"]]
+    if got["admitted"] != queue[:len(got["admitted"])]:
+        return IN_ORDER
+    extra = before["waiting"][len(want["admitted"])]
+    tokens = len(want["running"]) - len(want["admitted"]) + sum(
+        w["length"] + 1 for w in before["waiting"] if w["id"] in want["admitted"])
+    limit = case.max_num_batched_tokens
+    if limit is not None and tokens + extra["length"] + 1 > limit:
+        return BUDGET
+    return ""
+
+
+def explain_run(records: Any, steps: Sequence[tuple[int, State, State]],
+                case: Replay) -> Verdict | None:
+    """None when the learner's closed-loop ``records`` are the simulator's ``steps``; else
+    the first step and field that differ, led by the field's name, and the state the step
+    started from (the simulator's, which the learner's run shared up to there)."""
+    if isinstance(records, dict):  # the plain form of Records
+        records = records.get("records", [])
+    for index, (t, before, want) in enumerate(steps):
+        record = records[index] if index < len(records) else None
+        where = f"at step {t}, from {_show_state(before)}"
+        if record is None:
+            return Verdict(False, f"steps: your run ended after {len(records)} steps; the "
+                                  f"simulator's has {len(steps)} ({where})", ENDS)
+        if record.get("step") != t:
+            return Verdict(False, f"steps: your run scheduled step {record.get('step')} where "
+                                  f"the simulator's scheduled step {t}", ENDS)
+        if "error" in record:
+            return Verdict(False, f"result: {record['error']} ({where})")
+        got = record["result"]
+        key = next((k for k in FIELDS if got[k] != want[k]), None)
+        if key is not None:
+            return Verdict(False, f"{key}: got {_show(key, got[key])}, the simulator has "
+                                  f"{_show(key, want[key])} ({where})",
+                           _recognised(key, got, want, before, case))
+    if len(records) > len(steps):
+        return Verdict(False, f"steps: your run went on after the simulator's ended (step "
+                              f"{records[len(steps)].get('step')})", ENDS)
+    return None
 
 
 def replay_case(case: Replay, hint: str) -> Case:
-    """The check of ``fn`` against the simulator on one trace, every step."""
+    """The check of ``fn`` against the simulator on one trace, closed loop: the learner's
+    run goes into the kernel with the trace only; its records are judged here."""
     steps = simulator_steps(case)
-    want = [result for _, _, result in steps]
     call = (f"{case.label}, {len(case.trace)} requests on {case.num_blocks} blocks of "
             f"{case.block_size}: fn(state, {case.block_size}, {case.max_num_seqs}, "
-            f"{case.max_num_batched_tokens}) at each of {len(steps)} steps")
-    expected = Satisfies(f"the simulator's result at each of the {len(steps)} steps",
-                         lambda got, want=want: got == want)
-    return Case(call, lambda fn: replay(fn, case, steps), expected, hint, compare=satisfies)
+            f"{case.max_num_batched_tokens}) at each step, each state made from your "
+            "previous result")
+    expected = Satisfies(f"the simulator's result at each of its {len(steps)} steps",
+                         explain=lambda got, steps=steps: explain_run(got, steps, case))
+    return Case(call, lambda fn: Records(closed_loop(fn, case)), expected, hint,
+                compare=satisfies, hints=HINTS)
 
 
 # --- the traces --------------------------------------------------------------------------------
 
-GROW = ("running: a request whose blocks are full (blocks x block_size == length) claims one "
-        "more block, oldest admission first")
-PREEMPT = ("preempted: when a claim finds the pool empty, the NEWEST running request goes "
-           "(maybe the claimant itself); waiting: it goes back to the FRONT, at its length")
-ADMIT = ("admitted: nobody in a step that preempted; else from the front, strictly in order, "
-         "while max_num_seqs, max_num_batched_tokens (a token per decode plus each "
-         "admission's whole length and the token it writes) and the free blocks (for "
-         "length + 1 tokens) allow")
-RULES = f"{GROW}; {PREEMPT}; {ADMIT}"
-"""The hint of a seeded trace: the idea behind each field the report may name."""
+GROW = ("a running request whose blocks are full (blocks x block_size == length) claims one "
+        "more block, oldest admission first; an admission takes blocks for length + 1 tokens "
+        "(its prefill and the token this step writes)")
+PREEMPT = ("when a claim finds the pool empty, the NEWEST running request goes (maybe the "
+           "claimant itself), giving back every block it holds")
+REQUEUE = ("a preempted request goes back to the FRONT of the waiting queue, at its length; "
+           "admitted requests leave from the front")
+ADMIT = ("admit from the front, strictly in order, while max_num_seqs (counting this step's "
+         "admissions), max_num_batched_tokens and the free blocks allow")
+BUDGET = ("max_num_batched_tokens counts one token per running request (its decode) and, for "
+          "each admission, its length PLUS the token this step writes for it (length + 1), as "
+          "the serving core counts an admission")
+IN_ORDER = ("the queue is strictly first come, first served: when the front request cannot "
+            "start, nobody behind it may")
+PREEMPTED_ADMITS = "a step that preempted admits nobody (vLLM's rule)"
+FREE = ("free_blocks: what was free, less one per claim and length // block_size + 1 per "
+        "admission, plus every block a victim held")
+ENDS = ("requests finish when they reach their final length: keep every request in running or "
+        "waiting until then, and admit whatever the rules allow")
+HINTS = {"running": GROW, "preempted": PREEMPT, "waiting": REQUEUE, "admitted": ADMIT,
+         "free_blocks": FREE, "steps": ENDS,
+         "result": "return a dict with the keys running, waiting, free_blocks, preempted and "
+                   "admitted, requests as dicts (running: id, length, blocks; waiting: id, "
+                   "length)"}
+"""The hint for the first field that differs (a recognised mistake's hint wins)."""
+RULES = f"{GROW}; {PREEMPT}; {REQUEUE}; {ADMIT}"
+"""A case's default hint: every rule."""
 
 
 def _req(rid: int, prompt: int, output: int, arrival: int = 0) -> Request:
@@ -227,45 +348,118 @@ def _seeded(seed: int, num_blocks: int, **limits: int) -> Replay:
     return Replay(f"seeded trace {seed}", tuple(trace), 4, num_blocks, **limits)
 
 
-def replays() -> list[tuple[Replay, str]]:
-    """The traces the check replays, each with its hint: four seeded ones that preempt, then
-    one edge case each (nothing waits, blocks filled exactly, each limit binding, a small
+def replays() -> list[Replay]:
+    """The traces the check runs: four seeded ones that preempt, then one edge case each
+    (nothing waits, blocks filled exactly, each limit binding, a budget met exactly, a small
     request waiting behind a preempted one)."""
     return [
-        (_seeded(2, 8), RULES),
-        (_seeded(4, 8), RULES),
-        (_seeded(7, 8, max_num_seqs=3), RULES),
-        (_seeded(9, 10, max_num_batched_tokens=28), RULES),
-        (Replay("nothing waits", (_req(0, 3, 6), _req(1, 5, 2), _req(2, 2, 3, arrival=12)),
-                4, 20),
-         f"with nobody waiting a step only claims blocks; {GROW}"),
-        (Replay("blocks filled exactly", (_req(0, 3, 3), _req(1, 4, 2), _req(2, 7, 2),
-                                           _req(3, 8, 2)), 4, 7),
-         "running: a request admitted at length L takes room for L + 1 tokens, the token this step "
-         "writes included (3 tokens take 1 block of 4, 4 tokens take 2); a running one "
-         "claims when blocks x block_size == length"),
-        (Replay("max_num_seqs binds", tuple(_req(i, 3 + i, 4) for i in range(5)), 4, 30,
-                max_num_seqs=2),
-         "admitted: max_num_seqs caps the running requests, counting those admitted in this "
-         "step"),
-        (Replay("max_num_batched_tokens binds", (_req(0, 6, 4), _req(1, 5, 3), _req(2, 11, 1),
-                                                  _req(3, 2, 2, arrival=4)), 4, 30,
-                max_num_batched_tokens=12),
-         "admitted: a step's tokens are one per running request (its decode) plus, for each "
-         "admitted request, its whole length (its prefill) and the token it writes; the "
-         "first that would pass max_num_batched_tokens stops admission"),
-        (Replay("preemption with a small request waiting",
-                (_req(0, 8, 8), _req(1, 7, 6), _req(2, 1, 2, arrival=1)), 4, 5),
-         f"{PREEMPT}; admitted: nobody in a step that preempted, and a request that does "
-         "not fit blocks those behind it"),
+        _seeded(2, 8),
+        _seeded(4, 8),
+        _seeded(7, 8, max_num_seqs=3),
+        _seeded(9, 10, max_num_batched_tokens=28),
+        Replay("nothing waits", (_req(0, 3, 6), _req(1, 5, 2), _req(2, 2, 3, arrival=12)),
+               4, 20),
+        Replay("blocks filled exactly", (_req(0, 3, 3), _req(1, 4, 2), _req(2, 7, 2),
+                                          _req(3, 8, 2)), 4, 7),
+        Replay("max_num_seqs binds", tuple(_req(i, 3 + i, 4) for i in range(5)), 4, 30,
+               max_num_seqs=2),
+        Replay("max_num_batched_tokens binds", (_req(0, 6, 4), _req(1, 5, 3), _req(2, 11, 1),
+                                                 _req(3, 2, 2, arrival=4)), 4, 30,
+               max_num_batched_tokens=12),
+        Replay("a budget met exactly", (_req(0, 5, 3), _req(1, 4, 3), _req(2, 1, 2)), 4, 30,
+               max_num_batched_tokens=11),
+        Replay("preemption with a small request waiting",
+               (_req(0, 8, 8), _req(1, 7, 6), _req(2, 1, 2, arrival=1)), 4, 5),
     ]
 
 
+# --- hand-made states: rules that the simulator's states never exercise ------------------------
+
+
+@dataclass(frozen=True)
+class Scene:
+    """One step on a hand-made state in which a request holds a spare block (as one that
+    reserved ahead would): the simulator never makes one, since its requests hold exactly
+    the blocks their length needs, so there "blocks full" and "length % block_size == 0" are
+    the same test, and a preempted request at the front of the queue never fits back at once
+    (so admission would stop there anyway). ``must`` maps a result field to what the rule
+    under test requires of it."""
+
+    label: str
+    state: State
+    must: tuple[tuple[str, Any], ...]
+    hint: str
+
+    def explain(self, got: Any) -> Verdict | None:
+        """None when every field in ``must`` is as required, else the first that is not."""
+        if not isinstance(got, dict) or "error" in got:
+            return Verdict(False, f"result: {got.get('error') if isinstance(got, dict) else got}",
+                           HINTS["result"])
+        for key, want in self.must:
+            if got[key] != want:
+                return Verdict(False, f"{key}: got {_show(key, got[key])}, the rule gives "
+                                      f"{_show(key, want)}", self.hint)
+        return None
+
+
+def _one_step(fn: Callable[..., Any], state: State) -> dict[str, Any]:
+    """``fn`` on a copy of ``state`` with blocks of 4 and no limits, as plain data."""
+    try:
+        out = fn(copy.deepcopy(state), 4, None, None)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # the learner's code may raise anything
+        return {"error": f"raised {type(error).__name__}: {error}"}
+    try:
+        return _plain_result(out)
+    except (KeyError, TypeError) as error:
+        return {"error": f"cannot read {out!r:.60} ({type(error).__name__}: {error})"}
+
+
+SCENES = (
+    Scene("request 0 holds a spare block: 8 tokens in 3 blocks of 4",
+          {"running": [{"id": 0, "length": 8, "blocks": 3}, {"id": 1, "length": 4, "blocks": 1}],
+           "waiting": [], "free_blocks": 1},
+          (("preempted", []), ("running", [{"id": 0, "length": 8, "blocks": 3},
+                                           {"id": 1, "length": 4, "blocks": 2}]),
+           ("free_blocks", 0)),
+          "a request claims only when its blocks are full (blocks x block_size == length), "
+          "not whenever length % block_size == 0: request 0 has room for its token"),
+    Scene("request 1, the newest, holds a spare block and is preempted",
+          {"running": [{"id": 0, "length": 8, "blocks": 2}, {"id": 1, "length": 3, "blocks": 3}],
+           "waiting": [{"id": 2, "length": 2}], "free_blocks": 0},
+          (("preempted", [1]), ("admitted", []),
+           ("waiting", [{"id": 1, "length": 3}, {"id": 2, "length": 2}]), ("free_blocks", 2)),
+          f"{PREEMPTED_ADMITS}, even when the free blocks would hold the front request"),
+)
+
+
+def _scene_case(scene: Scene) -> Case:
+    state = scene.state
+    return Case(f"fn({{'running': {state['running']}, 'waiting': {state['waiting']}, "
+                f"'free_blocks': {state['free_blocks']}}}, 4, None, None)  # {scene.label}",
+                lambda fn, state=state: _one_step(fn, state),
+                Satisfies(", ".join(f"{key} {_show(key, want)}" for key, want in scene.must),
+                          explain=scene.explain),
+                scene.hint, compare=satisfies)
+
+
 def _cases() -> list[Case]:
-    return [replay_case(case, hint) for case, hint in replays()]
+    return [replay_case(case, RULES) for case in replays()] + [_scene_case(s) for s in SCENES]
+
+
+def _fresh(seed: int) -> list[Case]:
+    """Two seeded traces drawn from ``seed``: one with each limit."""
+    rng = random.Random(seed)
+    traces = [_seeded(rng.randrange(10_000), rng.randint(8, 10),
+                      max_num_seqs=rng.randint(2, 4)),
+              _seeded(rng.randrange(10_000), rng.randint(8, 10),
+                      max_num_batched_tokens=rng.randint(32, 44))]
+    return [replay_case(case, RULES) for case in traces]
 
 
 SCHEDULER_STEP = Exercise("05.scheduler_step", "One scheduler step of continuous batching",
                           _cases, reference=("course_lib.simulator.simulate",
                                              "course_lib.scheduler",
-                                             "course_lib.serving.ServingCore"))
+                                             "course_lib.serving.ServingCore"),
+                          fresh=_fresh)

@@ -8,10 +8,14 @@ shuffled tables, GQA groups of 1, 4 and 7, scores large enough to overflow ``exp
 the running maximum, and a block id whose offset passes 2**32 elements.
 
 The learner's code is exercised only through what it returns and raises. A tensor case's
-``run`` returns the learner's tensor(s), which reach the judge as plain nested lists; the
-expected tensors live only in the case's ``Satisfies`` expectation (which the grader strips
-before the learner's code runs), and the judge's verdict (shape, how many elements are wrong,
-the first and the largest error, NaN and inf counts) goes into the report. A Triton kernel
+``run`` returns the learner's tensor(s) with their dtypes (:class:`Returned`), and for the
+kernel exercises the names of the learner's own ``@triton.jit`` functions it launched (a
+launcher that computes in torch, or calls the course's kernel, launched none) while the
+interpreter holds ``tl.dot`` to operands of 16, as Triton 3.0 and 3.1 do on a GPU. The
+expected tensors live only in the case's ``Satisfies`` expectation (:class:`TensorMatch`, in
+the grader's process), whose verdict names the first wrong part by its index (``out[b=2,
+h=5]: largest error 3.1; ...``) and the hint of the mistake it shows (a GQA head mapping, a
+missing mask, an empty split's 0 / 0, the case a mistake alone fails). A Triton kernel
 that still holds its stub raises ``NotImplementedError`` inside the kernel, where Triton wraps
 it (the interpreter in an ``InterpreterError``, the GPU compiler in a ``CompilationError``);
 the cases unwrap it so the report says "not yet solved" rather than "failed".
@@ -19,8 +23,10 @@ the cases unwrap it so the report says "not yet solved" rather than "failed".
 from __future__ import annotations
 
 import math
+import random
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,125 +37,150 @@ from course_lib.attention import (
     paged_attention_reference,
     reference_attention,
 )
-from course_lib.grading.check import Case, Exercise, Raises, Satisfies, satisfies
+from course_lib.grading.check import Case, Exercise, Raises, Satisfies, Verdict, satisfies
 from course_lib.paged import BlockPool, PagedKVManager
 
-# --- comparing tensors ----------------------------------------------------------------------
+# --- what a case returns, and how it is judged ------------------------------------------------
 
-
-class Mismatch(AssertionError):
-    """A result that is not the expected tensor(s); its message is the evidence for the report.
-
-    ``check.judge`` shows only what the learner's side described (a repr), so the judging side
-    raises this to add its verdict: shape, how many elements are wrong, the first one and the
-    largest error, NaN and inf counts.
-    """
+NO_KERNEL = ("a kernel exercise is answered with a kernel: launch a @triton.jit function you "
+             "wrote (kernel[grid](...)); computing the answer in torch, or with the course's "
+             "kernel, does not count")
+DOT_ROWS = ("tl.dot needs operands of at least 16 in every dimension (Triton 3.0 and 3.1, which "
+            "the course supports, refuse less on a GPU; the check holds the interpreter to it): "
+            "GROUP_PAD = max(16, next power of two of GROUP)")
+DTYPE = ("the results are float32 whatever q's dtype (torch.empty(..., dtype=torch.float32)); "
+         "empty_like(q) copies q's float16")
+GQA = ("query head h reads KV head h // group (group = num_q_heads // num_kv_heads): the rows "
+       "of program (b, g) are query heads g x GROUP .. g x GROUP + GROUP - 1")
+EMPTY_SPLIT = ("a split with no tokens stores an output of zeros and lse -inf, never NaN: mind "
+               "0 / 0 and log(0)")
+NAN = ("mask every load (the table, the keys AND the values) and give masked tokens the score "
+       "-inf: the check puts NaN in every slot that holds no token, and 0 x NaN is NaN")
 
 
 @dataclass(frozen=True)
-class TensorMatch:
-    """The ``holds`` of a tensor case: named expected tensors and a tolerance.
+class Part:
+    """One tensor a learner returned: its dtype's name and its values (moved to the CPU)."""
 
-    It lives only in the judging process: the learner's side returns its tensor(s), which reach
-    it as plain nested lists (a tuple of them for several parts). Called, it returns True when
-    every element is within tolerance and raises :class:`Mismatch` with the verdict otherwise.
-    """
-
-    parts: tuple[tuple[str, torch.Tensor], ...]
-    atol: float
-    rtol: float
-
-    def verdict(self, got: Any) -> str | None:
-        """What is wrong with ``got``, part by part, or None when it is right."""
-        if len(self.parts) == 1:
-            return _tensor_error(got, self.parts[0][1], self.atol, self.rtol)
-        if not isinstance(got, tuple | list) or len(got) != len(self.parts):
-            return (f"{type(got).__name__} {got!r:.80}, not a tuple of {len(self.parts)} "
-                    f"({', '.join(name for name, _ in self.parts)})")
-        errors = [(name, _tensor_error(g, want, self.atol, self.rtol))
-                  for (name, want), g in zip(self.parts, got, strict=True)]
-        wrong = [f"{name}: {error}" for name, error in errors if error is not None]
-        return "; ".join(wrong) if wrong else None
-
-    def __call__(self, got: Any) -> bool:
-        if not isinstance(got, dict) or set(got) != {"value"}:
-            raise Mismatch(f"{got!r:.80}: not what a case's run returns")
-        error = self.verdict(got["value"])
-        if error is not None:
-            raise Mismatch(error)
-        return True
+    dtype: str
+    values: Any
 
 
 @dataclass(frozen=True)
 class Returned:
-    """What the learner's code returned, as is; shown in the report by shape, not by value.
+    """What a tensor case's run saw: the learner's tensor(s) by name, as :class:`Part` where
+    they are tensors; for the kernel exercises also the names of the learner's own
+    ``@triton.jit`` functions it launched, and Triton's refusal of a ``tl.dot`` too small.
 
-    ``to_plain`` turns it into ``{"value": nested lists}`` for the judge.
+    Shown in the report by shape, not by value; ``to_plain`` makes it a dict for the judge.
     """
 
-    value: Any
+    parts: dict[str, Any]
+    launched: list[str] | None = None
+    refused: str = ""
 
     def __repr__(self) -> str:
-        return _shape_of(self.value)
+        shown = ", ".join(f"{name} {_shape_of(value)}" for name, value in self.parts.items())
+        if self.launched is None:
+            return shown
+        kernels = (f"launched {', '.join(sorted(set(self.launched)))}" if self.launched
+                   else "launched no @triton.jit function of its own")
+        return f"{shown or self.refused}; {kernels}"
 
 
 def _shape_of(value: Any) -> str:
-    """``float32 tensor (2, 16)``, a tuple of them, or a short repr of anything else."""
-    if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).removeprefix('torch.')} tensor {tuple(value.shape)}"
-    if type(value) is tuple:
-        return f"({', '.join(_shape_of(item) for item in value)})"
+    """``float32 tensor (2, 16)`` or a short repr of anything else."""
+    if isinstance(value, Part):
+        return f"{value.dtype} tensor {tuple(value.values.shape)}"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _as_float64(value: Any) -> torch.Tensor | None:
-    """``value`` (a tensor or nested lists of numbers) as a CPU float64 tensor, or None."""
+def _part(value: Any) -> Any:
+    """A tensor as a :class:`Part` on the CPU; anything else as is."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", torch.float64)
+        return Part(str(value.dtype).removeprefix("torch."), value.detach().cpu())
+    return value
+
+
+def _parts(value: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The learner's result by part name: one tensor, or a tuple of ``len(names)``."""
+    if len(names) == 1:
+        return {names[0]: _part(value)}
+    if isinstance(value, tuple | list) and len(value) == len(names):
+        return {name: _part(item) for name, item in zip(names, value, strict=True)}
+    return {"result": _part(value)}
+
+
+def _kernel_watch() -> tuple[list[str], Callable[[], None]]:
+    """Start recording the learner's own ``@triton.jit`` launches (functions defined outside
+    ``course_lib`` and Triton) and hold the interpreter's ``tl.dot`` to 16 in every
+    dimension; returns the list of launched names and the function that undoes both."""
+    import triton.runtime.jit as jit  # the kernel's own Triton, imported where the case runs
+
+    launched: list[str] = []
+    classes: list[Any] = [jit.JITFunction]
+    builder = None
     try:
-        return torch.as_tensor(value, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        return None
+        from triton.runtime import interpreter
+        classes.append(interpreter.InterpretedFunction)
+        builder = interpreter.interpreter_builder
+    except ImportError:  # pragma: no cover - a Triton without its interpreter
+        pass
+    originals = {cls: cls.__dict__["run"] for cls in classes}
+
+    def watched(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            module = getattr(self.fn, "__module__", None) or ""
+            if not kwargs.get("warmup") and not module.startswith(("course_lib.", "triton")):
+                launched.append(getattr(self.fn, "__qualname__", repr(self.fn)))
+            return original(self, *args, **kwargs)
+        return run
+
+    for cls, original in originals.items():
+        cls.run = watched(original)
+    min_dot = builder.codegen_fns.get("min_dot_size") if builder is not None else None
+    if builder is not None:
+        builder.codegen_fns["min_dot_size"] = lambda lhs, rhs: (16, 16, 16)
+
+    def undo() -> None:
+        for cls, original in originals.items():
+            cls.run = original
+        if builder is not None:
+            builder.codegen_fns["min_dot_size"] = min_dot
+
+    return launched, undo
 
 
-def _tensor_error(got: Any, want: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """None if ``got`` matches ``want``; else its shape and the first and largest error."""
-    got_t, want = _as_float64(got), want.to(torch.float64)
-    if got_t is None or isinstance(got, str):
-        return f"{type(got).__name__} {got!r:.80}, not a tensor"
-    shape = tuple(got_t.shape)
-    if got_t.shape != want.shape:
-        return f"a tensor of shape {shape} (expected shape {tuple(want.shape)})"
-    # isclose treats equal infinities as close (an empty split's lse is -inf) and NaN as wrong.
-    bad = ~torch.isclose(got_t, want, atol=atol, rtol=rtol)
-    if not bad.any():
-        return None
-    index = tuple(int(i) for i in bad.nonzero()[0])
-    error = (got_t - want).abs()
-    finite = bad & error.isfinite()
-    return (f"a tensor of shape {shape}: {int(bad.sum())} of {got_t.numel()} elements wrong, "
-            f"first at [{', '.join(map(str, index))}] = {float(got_t[index]):.6g} instead of "
-            f"{float(want[index]):.6g}"
-            + (f"; largest error {float(error[finite].max()):.3g}" if finite.any() else "")
-            + (f"; {int(got_t.isnan().sum())} NaN" if got_t.isnan().any() else "")
-            + (f"; {int(got_t.isinf().sum())} inf" if got_t.isinf().any() else ""))
+_TOO_SMALL = "should have M >="
+"""Triton's words when a tl.dot operand is smaller than the target allows."""
 
 
-def _tensor_case(call: str, run: Callable[[Any], Any], wants: dict[str, torch.Tensor],
-                 hint: str, atol: float, rtol: float, what: str) -> Case:
-    """A case whose answer is one tensor (or a tuple, one per entry of ``wants``).
+def _kernel_run(run: Callable[[Any], Any], fn: Any, names: tuple[str, ...]) -> Returned:
+    """``run(fn)`` with the learner's launches recorded; a tl.dot too small becomes evidence."""
+    launched, undo = _kernel_watch()
+    try:
+        value = _unwrap_stub(run, fn)
+    except NotImplementedError:
+        raise
+    except Exception as error:
+        message = _cause_text(error)
+        if _TOO_SMALL not in message:
+            raise
+        found = re.search(r"Input shapes should have [^'\"|)]*", message)
+        return Returned({}, list(launched), (found.group(0) if found else message)[:160])
+    finally:
+        undo()
+    return Returned(_parts(value, names), list(launched))
 
-    ``run`` returns the learner's tensor(s) as they are; only the expectation holds the
-    expected tensors, and the grader strips it before the learner's code runs.
-    """
-    parts = tuple((name, want.detach().cpu()) for name, want in wants.items())
-    shapes = ", ".join(f"{name} {tuple(want.shape)}" for name, want in parts)
-    description = (
-        (f"a tensor of shape {tuple(parts[0][1].shape)}" if len(parts) == 1 else shapes)
-        + f" equal to {what}" + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})"))
-    return Case(call, lambda fn: Returned(_unwrap_stub(run, fn)),
-                Satisfies(description, TensorMatch(parts, atol, rtol)), hint, compare=satisfies)
+
+def _cause_text(error: BaseException) -> str:
+    """The messages of ``error`` and everything that caused it, joined."""
+    texts, cause = [], error
+    while cause is not None and len(texts) < 8:
+        texts.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    return " | ".join(texts)
 
 
 def _unwrap_stub(run: Callable[[Any], Any], fn: Any) -> Any:
@@ -168,6 +199,162 @@ def _unwrap_stub(run: Callable[[Any], Any], fn: Any) -> Any:
         if type(error).__module__.startswith("triton") and "NotImplementedError" in str(error):
             raise NotImplementedError(str(error)) from None
         raise
+
+
+@dataclass(frozen=True)
+class Want:
+    """One expected tensor: its name, value, the names of its leading dimensions (for labels
+    such as ``out[b=2, h=5]``) and, for a kernel's output, the dtype it must have."""
+
+    name: str
+    value: torch.Tensor
+    dims: tuple[str, ...] = ()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorMatch:
+    """The judge of a tensor case (it lives only in the grader's process): the kernels
+    launched, then each part's dtype, shape and values, the first wrong part named by its
+    index (``out[b=2, h=5]``).
+
+    The hint comes from the mistake: a wrong part that equals another KV head's output
+    (``heads``, ``[batch, q_heads, kv_heads, head_dim]``, decode cases) is a GQA mapping;
+    ``targeted`` is the mistake the case alone is built to show (huge scores, a 64-bit
+    offset); NaN in an empty split or in a row that should hold numbers is a missing mask or
+    a 0 / 0. Otherwise the case's hints by part name, then its own hint, apply.
+    """
+
+    wants: tuple[Want, ...]
+    atol: float
+    rtol: float
+    kernel: bool = False
+    heads: torch.Tensor | None = None
+    targeted: str = ""
+
+    def __call__(self, got: Any) -> Verdict | None:
+        if not isinstance(got, dict) or "parts" not in got:
+            return Verdict(False, f"result: {got!r:.80} is not what a case's run returns")
+        if self.kernel and not got.get("launched"):
+            return Verdict(False, "launches: none of your own @triton.jit functions ran",
+                           NO_KERNEL)
+        if got.get("refused"):
+            return Verdict(False, f"tl.dot: {got['refused']}", DOT_ROWS)
+        parts = got["parts"]
+        for want in self.wants:
+            if want.name not in parts:
+                names = ", ".join(w.name for w in self.wants)
+                return Verdict(False, f"result: {_described(parts)}, not a tuple of "
+                                      f"{len(self.wants)} ({names})")
+            found = self._part(want, parts[want.name])
+            if found is not None:
+                return found
+        return None
+
+    def _part(self, want: Want, got: Any) -> Verdict | None:
+        values = got["values"] if isinstance(got, dict) and "values" in got else got
+        if want.dtype and not isinstance(got, dict):
+            return Verdict(False, f"{want.name}: {type(got).__name__} {got!r:.60}, not a "
+                                  f"{want.dtype} tensor", DTYPE)
+        if isinstance(got, dict) and want.dtype and got.get("dtype") != want.dtype:
+            return Verdict(False, f"{want.name}.dtype: got {got.get('dtype')}, expected "
+                                  f"{want.dtype}", DTYPE)
+        tensor = _as_float64(values)
+        if tensor is None or isinstance(values, str):
+            return Verdict(False, f"{want.name}: {type(values).__name__} {values!r:.60}, not a "
+                                  "tensor")
+        expected = want.value.to(torch.float64)
+        if tensor.shape != expected.shape:
+            return Verdict(False, f"{want.name}: a tensor of shape {tuple(tensor.shape)}, "
+                                  f"expected shape {tuple(expected.shape)}")
+        bad = ~torch.isclose(tensor, expected, atol=self.atol, rtol=self.rtol)
+        if not bad.any():
+            return None
+        index = tuple(int(i) for i in bad.nonzero()[0])[:-1] if tensor.dim() else ()
+        errors = _errors(tensor[index], expected[index], self.atol, self.rtol)
+        return Verdict(False, f"{_label(want, index)}: {errors}",
+                       self._recognised(want, index, tensor[index], expected[index]))
+
+    def _recognised(self, want: Want, index: tuple[int, ...], row: torch.Tensor,
+                    expected: torch.Tensor) -> str:
+        """The hint of the mistake the first wrong row shows, or "" (see the class)."""
+        if self.heads is not None and want.name == "out" and len(index) == 2:
+            b, h = index
+            group = self.heads.shape[1] // self.heads.shape[2]
+            if any(torch.allclose(row, self.heads[b, h, g].double(), atol=self.atol * 10,
+                                  rtol=self.rtol * 10)
+                   for g in range(self.heads.shape[2]) if g != h // group):
+                return GQA
+        if row.isnan().any() and (expected.isinf().any() or not expected.any()):
+            return EMPTY_SPLIT
+        return self.targeted or (NAN if row.isnan().any() else "")
+
+
+def _described(parts: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {_shape_of(value) if not isinstance(value, dict) else 'a tensor'}"
+                     for name, value in parts.items())
+
+
+def _label(want: Want, index: tuple[int, ...]) -> str:
+    """``out[b=2, h=5]``: the part, and the index of its first wrong row by dimension."""
+    if not index:
+        return want.name
+    names = want.dims if len(want.dims) == len(index) else ("",) * len(index)
+    where = (f"{name}={i}" if name else str(i) for name, i in zip(names, index, strict=True))
+    return f"{want.name}[{', '.join(where)}]"
+
+
+def _errors(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> str:
+    """How one row is wrong: the largest finite error, how many elements are wrong and the
+    first of them, NaN and inf counts."""
+    got, want = got.reshape(-1), want.reshape(-1)
+    wrong = ~torch.isclose(got, want, atol=atol, rtol=rtol)
+    error = (got - want).abs()[wrong]
+    finite = error[error.isfinite()]
+    first = int(wrong.nonzero()[0])
+    text = (f"largest error {float(finite.max()):.3g}; " if len(finite) else "") + (
+        f"{int(wrong.sum())} of {got.numel()} elements wrong, first at [{first}]: "
+        f"{float(got[first]):.6g} instead of {float(want[first]):.6g}")
+    if got.isnan().any():
+        text += f"; {int(got.isnan().sum())} NaN"
+    if got.isinf().any():
+        text += f"; {int(got.isinf().sum())} inf"
+    return text
+
+
+def _as_float64(value: Any) -> torch.Tensor | None:
+    """``value`` (a tensor or nested lists of numbers) as a CPU float64 tensor, or None."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", torch.float64)
+    try:
+        return torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _tensor_case(call: str, run: Callable[[Any], Any], wants: Sequence[Want], hint: str,
+                 atol: float, rtol: float, what: str, *, kernel: bool = False,
+                 heads: torch.Tensor | None = None, targeted: str = "",
+                 hints: dict[str, str] | None = None) -> Case:
+    """A case whose answer is one tensor (or a tuple, one per entry of ``wants``).
+
+    ``run`` returns the learner's tensor(s) as they are (the kernel exercises' also say
+    which of the learner's kernels ran); only the expectation holds the expected tensors,
+    and it never leaves the grader's process.
+    """
+    wants = tuple(replace(w, value=w.value.detach().cpu()) for w in wants)
+    shapes = ", ".join(f"{w.name} {tuple(w.value.shape)}" for w in wants)
+    description = (
+        (f"a tensor of shape {tuple(wants[0].value.shape)}" if len(wants) == 1 else shapes)
+        + (" (float32)" if kernel else "") + f" equal to {what}"
+        + ("" if atol == rtol == 0 else f" (atol {atol:g}, rtol {rtol:g})")
+        + ("; computed by a @triton.jit kernel of your own" if kernel else ""))
+    names = tuple(w.name for w in wants)
+    match = TensorMatch(wants, atol, rtol, kernel, heads, targeted)
+    observe_run = ((lambda fn: _kernel_run(run, fn, names)) if kernel else
+                   (lambda fn: Returned(_parts(_unwrap_stub(run, fn), names))))
+    return Case(call, observe_run, Satisfies(description, explain=match), hint,
+                compare=satisfies, hints=hints or {})
 
 
 # --- shared inputs ----------------------------------------------------------------------------
@@ -235,42 +422,67 @@ def _offset_in(cache: torch.Tensor, block: int, slot: int, head: int) -> int:
     return cache[block, slot, head, 0].storage_offset() - cache.storage_offset()
 
 
+OFFSET = ("block = block_table[t // block_size], slot = t % block_size; offset = block x "
+          "strides[0] + slot x strides[1] + kv_head x strides[2] (the first number, d = 0), "
+          "with the strides you are given, not the shape: the pool's K is a view with K and V "
+          "interleaved")
+OFFSET_STRIDES = ("use the strides you are given, not the shape: a cache's strides need not be "
+                  "what its shape suggests (here a transposed, head-major one)")
+OFFSET_WIDE = ("the offset of a block past 2**32 / strides[0] needs more than 32 bits: keep "
+               "Python's integers, never a 32-bit type")
+
+
+def _offset_case(cache: torch.Tensor, table: Sequence[int], t: int, head: int, label: str,
+                 block_size: int, hint: str = OFFSET) -> Case:
+    """``fn`` on one token of ``cache`` (its strides), looked up through ``table``."""
+    strides = tuple(cache.stride())
+    table = tuple(table)
+    if t < 0 or t // block_size >= len(table):
+        expected: Any = Raises(ValueError)
+        hint = (f"token {t} is not covered by a table of {len(table)} blocks of {block_size}: "
+                "raise ValueError naming it")
+    else:
+        expected = _offset_in(cache, table[t // block_size], t % block_size, head)
+    return Case(f"fn(block_table={table}, t={t}, kv_head={head}, block_size={block_size}, "
+                f"strides={strides})  # {label}",
+                lambda fn: fn(table, t, head, block_size, strides), expected, hint)
+
+
 def _token_offset_cases() -> list[Case]:
-    hint = ("block = block_table[t // block_size], slot = t % block_size; offset = block x "
-            "strides[0] + slot x strides[1] + kv_head x strides[2] (the first number, d = 0)")
     pool, manager, names = _pool_with_sequences(4, [14, 6], num_kv_heads=2, head_dim=8)
     table = manager.block_table(names[0])
-    cases = []
-
-    def add(cache: torch.Tensor, table: Sequence[int], t: int, head: int, label: str,
-            block_size: int) -> None:
-        strides = tuple(cache.stride())
-        if t < 0 or t // block_size >= len(table):
-            expected: Any = Raises(ValueError)
-            this_hint = (f"token {t} is not covered by a table of {len(table)} blocks of "
-                         f"{block_size}: raise ValueError naming it")
-        else:
-            expected = _offset_in(cache, table[t // block_size], t % block_size, head)
-            this_hint = hint
-        cases.append(Case(
-            f"fn(block_table={tuple(table)}, t={t}, kv_head={head}, block_size={block_size}, "
-            f"strides={strides})  # {label}",
-            lambda fn, table=tuple(table), t=t, head=head, bs=block_size, s=strides:
-                fn(table, t, head, bs, s),
-            expected, this_hint))
-
     key = pool.key_cache()
-    for t, head in ((0, 0), (3, 1), (4, 0), (13, 1)):
-        add(key, table, t, head, "the pool's key cache: [blocks, 2, B, H, D] viewed as K", 4)
+    label = "the pool's key cache: [blocks, 2, B, H, D] viewed as K"
+    cases = [_offset_case(key, table, t, head, label, 4)
+             for t, head in ((0, 0), (3, 1), (4, 0), (13, 1))]
     contiguous = torch.empty(40, 16, 8, 128, device="meta")
-    add(contiguous, (7, 31, 12), 37, 5, "a contiguous [blocks, B, H, D] cache", 16)
     head_major = torch.empty(40, 8, 16, 128, device="meta").transpose(1, 2)
-    add(head_major, (7, 31, 12), 37, 5, "a head-major [blocks, H, B, D] cache, transposed", 16)
     huge = torch.empty(300_000, 16, 8, 128, device="meta")
-    add(huge, (12, 299_999), 20, 7, "300,000 blocks: the offset needs more than 32 bits", 16)
-    add(key, table, 4 * len(table), 0, "one token past what the table covers", 4)
-    add(key, table, -1, 0, "a negative position", 4)
+    cases += [
+        _offset_case(contiguous, (7, 31, 12), 37, 5, "a contiguous [blocks, B, H, D] cache", 16),
+        _offset_case(head_major, (7, 31, 12), 37, 5,
+                     "a head-major [blocks, H, B, D] cache, transposed", 16, OFFSET_STRIDES),
+        _offset_case(huge, (12, 299_999), 20, 7,
+                     "300,000 blocks: the offset needs more than 32 bits", 16, OFFSET_WIDE),
+        _offset_case(key, table, 4 * len(table), 0, "one token past what the table covers", 4),
+        _offset_case(key, table, -1, 0, "a negative position", 4),
+    ]
     return cases
+
+
+def _token_offset_fresh(seed: int) -> list[Case]:
+    """A cache of random shape and layout, a random table and token, drawn from ``seed``."""
+    rng = random.Random(seed)
+    blocks, block_size, heads = rng.randint(8, 5000), rng.choice([4, 8, 16]), rng.randint(1, 8)
+    head_major = rng.random() < 0.5
+    shape = (blocks, heads, block_size, 64) if head_major else (blocks, block_size, heads, 64)
+    cache = torch.empty(*shape, device="meta")
+    cache = cache.transpose(1, 2) if head_major else cache
+    table = rng.sample(range(blocks), rng.randint(1, 6))
+    t = rng.randrange(len(table) * block_size)
+    return [_offset_case(cache, table, t, rng.randrange(heads),
+                         f"a {'head-major' if head_major else 'contiguous'} cache drawn from "
+                         f"seed {seed}", block_size)]
 
 
 # --- exercise 2: the paged decode kernel, from its specification -----------------------------
@@ -319,22 +531,24 @@ def _decode_inputs(q_heads: int, kv_heads: int, block_size: int, lens: Sequence[
     return DecodeInputs(q, k_cache, v_cache, table, seq_lens, scale)
 
 
+OVERFLOW = ("subtract the maximum over every tile so far (max of the running max and the "
+            "tile's max), and rescale l and acc by exp(old max - new max): scores of about 1e3 "
+            "overflow exp otherwise")
+TILES = ("keep the running max across tiles, rescale l and acc by exp(old max - new max) when "
+         "it grows, and divide by l once, at the end")
+
 _DECODE_SETTINGS = (
-    # (label, q heads, kv heads, block size, lengths, keyword arguments, extra hint)
-    ("one sequence shorter than one block; group 1 (MHA)", 2, 2, 16, [5], {},
-     "a tile longer than the sequence: mask every token past seq_len"),
+    # (label, q heads, kv heads, block size, lengths, keyword arguments, hint, targeted)
+    ("one sequence shorter than one block; group 1 (MHA)", 2, 2, 16, [5], {}, TILES, ""),
     ("GQA group 4; several tiles; NaN in every slot that holds no token", 8, 2, 8,
-     [1, 8, 9, 45], {},
-     "mask the V load as well as the scores: 0 x NaN is NaN; query head h reads KV head "
-     "h // group"),
+     [1, 8, 9, 45], {}, TILES, ""),
     ("GQA group 7 (padded rows); scale 0.1", 7, 1, 16, [70, 16], {"scale": 0.1},
-     "rows r < GROUP are query heads kv_head x GROUP + r; pad to >= 16 rows, mask the rest"),
+     "rows r < GROUP are query heads kv_head x GROUP + r; pad to >= 16 rows, mask the rest; "
+     "multiply the scores by scale", ""),
     ("q x 1000: scores ~1e3, exp overflows without the running max", 4, 2, 8, [60, 33],
-     {"q_scale": 1000.0},
-     "subtract the maximum over every tile so far (max of the running max and the tile's "
-     "max), and rescale l and acc by exp(old max - new max)"),
+     {"q_scale": 1000.0}, OVERFLOW, OVERFLOW),
     ("float16 q and cache (accumulate in float32)", 4, 1, 16, [33, 3],
-     {"dtype": torch.float16}, "load fp16, compute scores, sums and acc in fp32"),
+     {"dtype": torch.float16}, "load fp16, compute scores, sums and acc in fp32", ""),
 )
 
 _WIDE_BLOCK_SIZE, _WIDE_HEAD_DIM = 16, 16
@@ -386,25 +600,66 @@ def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return (2e-3, 1e-3) if dtype == torch.float16 else (1e-4, 1e-4)
 
 
+def _head_outputs(inputs: DecodeInputs) -> torch.Tensor | None:
+    """Every query head's attention over every KV head, ``[batch, q_heads, kv_heads, D]``
+    (what a wrong head mapping returns), or None where there is no choice to get wrong."""
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if kv_heads == 1:
+        return None
+    pairs = q.repeat_interleave(kv_heads, dim=1)  # query head h, then KV head g: h x kv + g
+    k_all = k_cache.repeat(1, 1, q_heads, 1)  # KV head g again at every h x kv + g
+    v_all = v_cache.repeat(1, 1, q_heads, 1)
+    out = paged_attention_reference(pairs, k_all, v_all, inputs.block_tables, inputs.seq_lens,
+                                    inputs.scale)
+    return out.reshape(batch, q_heads, kv_heads, head_dim)
+
+
+_DECODE_CALL = "fn(q, k_cache, v_cache, block_tables, seq_lens, scale)"
+
+
+def _decode_case(label: str, inputs: DecodeInputs, hint: str, targeted: str = "") -> Case:
+    want = paged_attention_reference(*inputs.on(torch.device("cpu")))
+    return _tensor_case(
+        f"{_DECODE_CALL}  # {label}: {inputs.describe()}",
+        lambda fn: fn(*inputs.on(kernel_device())), [Want("out", want, ("b", "h"), "float32")],
+        hint, *_tolerance(inputs.q.dtype), "paged_attention_reference", kernel=True,
+        heads=_head_outputs(inputs), targeted=targeted)
+
+
 def _decode_cases() -> list[Case]:
     cases = []
-    for seed, (label, hq, hkv, block_size, lens, kwargs, extra) in enumerate(_DECODE_SETTINGS):
+    for seed, (label, hq, hkv, block_size, lens, kwargs, hint, targeted) in enumerate(
+            _DECODE_SETTINGS):
         inputs = _decode_inputs(hq, hkv, block_size, lens, seed=seed, **kwargs)
-        want = paged_attention_reference(*inputs.on(torch.device("cpu")))
-        cases.append(_tensor_case(
-            f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale)  # {label}: "
-            f"{inputs.describe()}",
-            lambda fn, inputs=inputs: fn(*inputs.on(kernel_device())), {"out": want},
-            f"{extra}; in general: {_HINT_DECODE}", *_tolerance(inputs.q.dtype),
-            "paged_attention_reference"))
+        cases.append(_decode_case(label, inputs, hint, targeted))
     twin, build = _wide_offset_inputs()
     cases.append(_tensor_case(
-        f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale)  # {_WIDE_LABEL}: "
-        f"{twin.describe()}",
+        f"{_DECODE_CALL}  # {_WIDE_LABEL}: {twin.describe()}",
         lambda fn: fn(*build(kernel_device())),
-        {"out": paged_attention_reference(*twin.on(torch.device("cpu")))},
-        _WIDE_HINT, *_tolerance(torch.float16), "paged_attention_reference"))
+        [Want("out", paged_attention_reference(*twin.on(torch.device("cpu"))), ("b", "h"),
+              "float32")],
+        _WIDE_HINT, *_tolerance(torch.float16), "paged_attention_reference", kernel=True,
+        targeted=_WIDE_HINT))
     return cases
+
+
+def _random_layout(rng: random.Random) -> dict[str, Any]:
+    """A GQA layout, block size and lengths drawn from ``rng`` (small: the interpreter is slow)."""
+    kv_heads = rng.choice([1, 2])
+    return {"q_heads": kv_heads * rng.choice([1, 2, 3, 4]), "kv_heads": kv_heads,
+            "block_size": rng.choice([4, 8, 16]),
+            "lens": [rng.randint(1, 40) for _ in range(rng.randint(1, 2))],
+            "seed": rng.randrange(1000)}
+
+
+def _decode_fresh(seed: int) -> list[Case]:
+    """One batch with a layout, lengths and values drawn from ``seed``."""
+    layout = _random_layout(random.Random(seed))
+    inputs = _decode_inputs(layout["q_heads"], layout["kv_heads"], layout["block_size"],
+                            layout["lens"], seed=layout["seed"])
+    return [_decode_case(f"drawn from seed {seed}", inputs, _HINT_DECODE)]
 
 
 # --- exercise 3: merging the splits, in torch -----------------------------------------------
@@ -428,10 +683,18 @@ def _split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Se
     return torch.stack(outputs), torch.stack(lses)
 
 
+MERGE_WEIGHTS = ("each split's weight is its share of its row's softmax mass, exp(lse_i) / sum "
+                 "exp(lse_j), in natural exp (the lses are natural logs, not base 2); an empty "
+                 "split (lse -inf) weighs 0; result = sum of weight_i x outputs[i]")
+MERGE_SHIFT = ("subtract the row's largest lse before exp: otherwise exp overflows (+200) or "
+               "underflows to 0 / 0 (-200)")
+MERGE_ROWS = ("merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
+              "row, not over the whole batch: a row 400 below the batch's max underflows to "
+              "0 / 0")
+MERGE_HINT = f"{MERGE_WEIGHTS}; {MERGE_SHIFT}"
+
+
 def _merge_cases() -> list[Case]:
-    hint = ("weight_i = exp(lse_i - max(lse)), normalised to sum to 1 (an empty split has "
-            "lse -inf and weight 0); result = sum of weight_i x outputs[i]; subtract the max "
-            "first, or exp overflows (+200) or underflows to 0/0 (-200)")
     gen = torch.Generator().manual_seed(6)
     head_dim = 16
     q, k, v = (torch.randn(*shape, generator=gen) for shape in
@@ -453,8 +716,9 @@ def _merge_cases() -> list[Case]:
         cases.append(_tensor_case(
             f"fn(outputs [{len(sizes)}, {head_dim}], lses=[{shown}])  # {label}; split sizes "
             f"{sizes}",
-            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), {"out": want}, hint,
-            1e-4, 1e-4, "reference_attention over all 48 tokens"))
+            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), [Want("out", want)],
+            MERGE_WEIGHTS, 1e-4, 1e-4, "reference_attention over all 48 tokens",
+            targeted=MERGE_SHIFT if shift else ""))
     # A batch of [2, 3] (sequence, head) rows, each shifted differently: the max is per row.
     outputs, lses = _split_partials(q, k, v, [3, 30, 1, 14])
     shifts = torch.tensor([[0.0, 200.0, -200.0], [150.0, -150.0, 30.0]])
@@ -463,11 +727,29 @@ def _merge_cases() -> list[Case]:
         f"head), each row's lses shifted by {shifts.tolist()}",
         lambda fn: fn(outputs.expand(2, 3, 4, head_dim).clone(),
                       (lses + shifts[:, :, None]).clone()),
-        {"out": want.expand(2, 3, head_dim)},
-        "merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
-        "row, not over the whole batch: a row 400 below the batch's max underflows to 0 / 0",
-        1e-4, 1e-4, "reference_attention over all 48 tokens, in every row"))
+        [Want("out", want.expand(2, 3, head_dim), ("b", "h"))], MERGE_ROWS,
+        1e-4, 1e-4, "reference_attention over all 48 tokens, in every row", targeted=MERGE_ROWS))
     return cases
+
+
+def _merge_fresh(seed: int) -> list[Case]:
+    """A query, keys and values drawn from ``seed``, cut into random splits (one maybe
+    empty), every score shifted by a random amount."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(rng.randrange(10_000))
+    head_dim, tokens = 16, rng.randint(8, 60)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in
+               ((head_dim,), (tokens, head_dim), (tokens, head_dim)))
+    cuts = sorted(rng.randint(0, tokens) for _ in range(rng.randint(1, 4)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, tokens], strict=True)]
+    outputs, lses = _split_partials(q, k, v, sizes)
+    lses = lses + rng.choice([-150.0, 0.0, 150.0])
+    want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
+    return [_tensor_case(
+        f"fn(outputs [{len(sizes)}, {head_dim}], lses [{len(sizes)}])  # drawn from seed "
+        f"{seed}: split sizes {sizes}", lambda fn: fn(outputs.clone(), lses.clone()),
+        [Want("out", want)], MERGE_HINT, 1e-4, 1e-4,
+        f"reference_attention over all {tokens} tokens")]
 
 
 # --- exercise 4: split-KV, from its specification -----------------------------------------------
@@ -504,46 +786,76 @@ def _split_expected(inputs: DecodeInputs, num_splits: int) -> tuple[torch.Tensor
     return part_out, part_lse
 
 
+SPLIT_RANGE = ("split s reads tokens [s x share, min((s + 1) x share, seq_len)), share = "
+               "ceil(seq_len / num_splits); the table is looked up per token, so a split may "
+               "start mid-block")
+SPLIT_LSE = ("lse = m + log(l) in NATURAL log, with the running max m added back (convert from "
+             "base 2 if you used exp2)")
+SPLIT_OUT = "out = merge_splits(part_out, part_lse), exercise 3's merge over the splits"
+SPLIT_HINTS = {"part_out": SPLIT_RANGE, "part_lse": SPLIT_LSE, "out": SPLIT_OUT}
+"""The hint for the part that differs first (parts first, the merged out last)."""
+
 _SPLIT_SETTINGS = (
-    # (label, q heads, kv heads, block size, lengths, splits, keyword arguments, extra hint)
-    ("one split: the whole sequence", 2, 2, 16, [5], 1, {},
-     "with one split, the output is the kernel of exercise 2's and lse = m + log(l)"),
+    # (label, q heads, kv heads, block size, lengths, splits, keyword arguments, targeted)
+    ("one split: the whole sequence", 2, 2, 16, [5], 1, {}, ""),
     ("GQA group 4, 3 splits; the 2-token sequence leaves one split empty", 8, 2, 8, [50, 2], 3,
-     {}, "an empty split must store output 0 and lse -inf (not NaN from 0 / 0)"),
-    ("GQA group 7, 4 splits that cut blocks in the middle", 7, 1, 16, [70], 4, {},
-     "split s reads tokens [s x share, min((s + 1) x share, seq_len)), share = "
-     "ceil(seq_len / num_splits); the table is looked up per token, so a split may start "
-     "mid-block"),
-    ("q x 1000: scores ~1e3, 3 splits", 4, 2, 8, [64], 3, {"q_scale": 1000.0},
-     "lse = m + log(l) in natural log: the max must be added back (and converted from "
-     "base 2 if you used exp2)"),
+     {}, ""),
+    ("GQA group 7, 4 splits that cut blocks in the middle", 7, 1, 16, [70], 4, {}, ""),
+    ("q x 1000: scores ~1e3, 3 splits", 4, 2, 8, [64], 3, {"q_scale": 1000.0}, OVERFLOW),
 )
+
+
+_SPLIT_CALL = "fn(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits={})"
+_SPLIT_WHAT = "paged_attention_reference and each split's reference"
+
+
+def _split_wants(inputs: DecodeInputs, splits: int) -> list[Want]:
+    """The partials first (the kernel's own output), then their merge."""
+    part_out, part_lse = _split_expected(inputs, splits)
+    return [Want("part_out", part_out, ("b", "h", "s"), "float32"),
+            Want("part_lse", part_lse, ("b", "h"), "float32"),
+            Want("out", paged_attention_reference(*inputs.on(torch.device("cpu"))),
+                 ("b", "h"))]  # exercise 3's merge, which may return nested lists
+
+
+def _split_case(label: str, inputs: DecodeInputs, splits: int, targeted: str = "") -> Case:
+    return _tensor_case(
+        f"{_SPLIT_CALL.format(splits)}  # {label}: {inputs.describe()}",
+        lambda fn: _in_order(fn(*inputs.on(kernel_device()), splits)),
+        _split_wants(inputs, splits), SPLIT_RANGE, 1e-4, 1e-4, _SPLIT_WHAT, kernel=True,
+        heads=_head_outputs(inputs), targeted=targeted, hints=SPLIT_HINTS)
+
+
+def _in_order(result: Any) -> Any:
+    """The learner's ``(out, part_out, part_lse)`` as ``(part_out, part_lse, out)``, the
+    order the parts are judged in; anything else as is."""
+    if isinstance(result, tuple | list) and len(result) == 3:
+        return result[1], result[2], result[0]
+    return result
 
 
 def _split_cases() -> list[Case]:
     cases = []
-    for seed, (label, hq, hkv, block_size, lens, splits, kwargs, extra) in enumerate(
+    for seed, (label, hq, hkv, block_size, lens, splits, kwargs, targeted) in enumerate(
             _SPLIT_SETTINGS):
         inputs = _decode_inputs(hq, hkv, block_size, lens, seed=10 + seed, **kwargs)
-        want = paged_attention_reference(*inputs.on(torch.device("cpu")))
-        part_out, part_lse = _split_expected(inputs, splits)
-        cases.append(_tensor_case(
-            f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits={splits})  "
-            f"# {label}: {inputs.describe()}",
-            lambda fn, inputs=inputs, splits=splits: fn(*inputs.on(kernel_device()), splits),
-            {"out": want, "part_out": part_out, "part_lse": part_lse},
-            extra, 1e-4, 1e-4, "paged_attention_reference and each split's reference"))
+        cases.append(_split_case(label, inputs, splits, targeted))
     twin, build = _wide_offset_inputs()
-    part_out, part_lse = _split_expected(twin, 2)
     cases.append(_tensor_case(
-        f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=2)  # "
-        f"{_WIDE_LABEL}: {twin.describe()}",
-        lambda fn: fn(*build(kernel_device()), 2),
-        {"out": paged_attention_reference(*twin.on(torch.device("cpu"))),
-         "part_out": part_out, "part_lse": part_lse},
-        _WIDE_HINT, *_tolerance(torch.float16),
-        "paged_attention_reference and each split's reference"))
+        f"{_SPLIT_CALL.format(2)}  # {_WIDE_LABEL}: {twin.describe()}",
+        lambda fn: _in_order(fn(*build(kernel_device()), 2)), _split_wants(twin, 2),
+        _WIDE_HINT, *_tolerance(torch.float16), _SPLIT_WHAT, kernel=True,
+        targeted=_WIDE_HINT, hints=SPLIT_HINTS))
     return cases
+
+
+def _split_fresh(seed: int) -> list[Case]:
+    """One batch with a layout, lengths, values and a number of splits drawn from ``seed``."""
+    rng = random.Random(seed)
+    layout = _random_layout(rng)
+    inputs = _decode_inputs(layout["q_heads"], layout["kv_heads"], layout["block_size"],
+                            layout["lens"], seed=layout["seed"])
+    return [_split_case(f"drawn from seed {seed}", inputs, rng.randint(1, 5))]
 
 
 _KERNELS = ("course_lib.attention.paged_attention_decode", "course_lib.attention.paged_decode",
@@ -556,11 +868,12 @@ _REFERENCES = ("course_lib.attention.paged_attention_reference",
 
 EXERCISES = (
     Exercise("06.token_offset", "Where token t's key lives", _token_offset_cases,
-             reference=("course_lib.paged.PagedKVManager.slot_mapping",)),
+             reference=("course_lib.paged.PagedKVManager.slot_mapping",),
+             fresh=_token_offset_fresh),
     Exercise("06.paged_decode", "The paged decode attention kernel, from its specification",
-             _decode_cases, reference=_KERNELS + _REFERENCES),
+             _decode_cases, reference=_KERNELS + _REFERENCES, fresh=_decode_fresh),
     Exercise("06.merge_splits", "Merge split-KV partial results by log-sum-exp", _merge_cases,
-             reference=_KERNELS),
+             reference=_KERNELS, fresh=_merge_fresh),
     Exercise("06.split_decode", "Split-KV decode: partial kernel, log-sum-exp and merge",
-             _split_cases, reference=_KERNELS + _REFERENCES),
+             _split_cases, reference=_KERNELS + _REFERENCES, fresh=_split_fresh),
 )

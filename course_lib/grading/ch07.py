@@ -4,22 +4,29 @@ The learner's ``fn(model, manager, waiting, running, tokens, remaining)`` runs o
 small serving engine (the rules are in :func:`reference_step`): decode every running
 request (preempting the newest when the pool is out of blocks), admit waiting requests
 first come first served and prefill them, sample greedily, free what finished. The check
-drives it step by step on requests that arrive at different steps, and compares
-
-* every request's tokens with ordinary contiguous generation (``engine.generate``), and
-* the pool after each step (who runs and waits, block tables, free blocks, reference
-  counts) with :func:`reference_step` driven the same way.
+drives it step by step on requests that arrive at different steps (:func:`drive`, closed
+loop: every step starts from what the learner's previous step left) and records, per step,
+what it returned, the pool (who runs and waits, block tables, free blocks, reference
+counts), the positions and tokens the model computed (a hook on the model sees every
+forward pass) and the token each request got. The grader compares those records with
+:func:`reference_step` driven the same way, and the tokens with ordinary contiguous
+generation (``engine.generate``); nothing computed by the reference enters the learner's
+process. The first step and field that differ are reported with the hint of the mistake
+that shows there (:func:`explain_run`).
 
 The model is :func:`exercise_model`, a toy Llama whose weights make positions and every
 layer matter: sharp attention, fast rotary frequencies, weights at unit gain. Feed a token
 at the wrong position, or skip a layer, and the greedy tokens change
-(``tests/test_grading_ch07.py`` measures it).
+(``tests/test_grading_ch07.py`` measures it). Positions off by a constant leave the tokens
+as they are (rotary attention sees only differences), which is why the positions are
+checked directly.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +41,14 @@ from course_lib.engine import (
     generate,
     tiny_config,
 )
-from course_lib.grading.check import Case, Exercise
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Satisfies,
+    Verdict,
+    satisfies,
+    to_plain,
+)
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 
 BLOCK_SIZE = 4
@@ -44,7 +58,6 @@ MAX_STEPS = 60
 StepFn = Callable[..., Any]
 
 
-@functools.cache
 def exercise_model() -> LlamaModel:
     """A toy Llama (3 layers, 4 query heads, 1 KV head, vocabulary 64) made to be sensitive.
 
@@ -52,7 +65,8 @@ def exercise_model() -> LlamaModel:
     twice that for the query and key projections, so attention scores span several units
     and attention is sharp; ``rope_theta=10`` turns the fastest rotary pair by a radian per
     position. A random model at the usual std 0.02 attends almost uniformly, so there a
-    token fed at a wrong position still gives the same greedy tokens.
+    token fed at a wrong position still gives the same greedy tokens. Built afresh (in
+    milliseconds) by every call, so a case's run carries no model and no cache with it.
     """
     config = tiny_config(num_layers=3, num_kv_heads=1, vocab_size=64, rope_theta=10.0)
     model = LlamaModel(config)
@@ -94,6 +108,23 @@ TIGHT = {
 }
 """Needs 10 blocks at its peak: in a pool of 7 free blocks the newest is preempted."""
 
+QUEUE = {
+    "a": Request(0, (7, 1, 8, 2, 8, 1, 8, 2), 6),
+    "b": Request(1, (6, 9, 3, 9, 9, 3, 7, 5, 1, 0, 5, 8), 2),
+    "c": Request(1, (4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5), 2),
+    "d": Request(2, (5, 0), 3),
+}
+"""Several requests waiting at once in a pool of 6 free blocks of 4: ``b`` (12 tokens) fits
+the 3 blocks left exactly at step 1; at step 2 it is preempted and waits at the front, where
+it no longer fits, nor does ``c`` (13 tokens) behind it, while ``d`` (2 tokens) would."""
+
+SCENARIOS: list[tuple[str, dict[str, Request], int]] = [
+    ("ragged prompts, room for all", ROOMY, 24),
+    ("a pool too small: the newest is preempted", TIGHT, 8),
+    ("three waiting at once, an exact fit, a preempted request at the front", QUEUE, 7),
+]
+"""The check's scenarios: a label, the requests and the pool's blocks (block 0 is null)."""
+
 
 def reference_step(model: LlamaModel, manager: PagedKVManager, waiting: list[str],
                    running: list[str], tokens: dict[str, list[int]],
@@ -109,16 +140,20 @@ def reference_step(model: LlamaModel, manager: PagedKVManager, waiting: list[str
        (``append_tokens``). When the pool is out of blocks, the newest running request
        (possibly the one claiming) is preempted: freed, and put at the front of
        ``waiting`` with its tokens, to be recomputed.
-    2. Admit: if nothing was preempted, waiting requests, front first, join the end of
-       ``running`` while the pool has free blocks for all their tokens.
+    2. Admit: waiting requests, front first, join the end of ``running`` while the pool
+       has free blocks for all their tokens. (A step that preempted admits nobody, as in
+       vLLM, without a rule of its own: the request it preempted last stands at the front
+       of ``waiting`` and never fits back at once, since the pool was empty when it was
+       preempted and it needs a block more than it gave back, or the claimant took one.
+       ``tests/test_grading_ch07.py`` holds the two versions together.)
     3. One forward pass (``PagedBatch``): one token per decode, all tokens per admitted
        request, each at its position in the request.
     4. Append each request's greedy token; a request with none remaining is freed and
        leaves ``running``.
     """
-    preempted = _claim_decode_slots(manager, waiting, running)
+    _claim_decode_slots(manager, waiting, running)
     decodes = list(running)
-    admitted = [] if preempted else _admit(manager, waiting, running, tokens)
+    admitted = _admit(manager, waiting, running, tokens)
     chunks = [(r, len(tokens[r]) - 1) for r in decodes] + [(r, 0) for r in admitted]
     if chunks:
         _forward_and_sample(model, manager, chunks, tokens, remaining)
@@ -190,7 +225,7 @@ def new_manager(num_blocks: int) -> PagedKVManager:
 
 def pool_state(manager: PagedKVManager, waiting: list[str],
                running: list[str]) -> dict[str, Any]:
-    """What the check compares after each step, as plain data."""
+    """The pool after a step, as plain data."""
     pool = manager.pool
     return {
         "running": list(running), "waiting": list(waiting),
@@ -201,22 +236,49 @@ def pool_state(manager: PagedKVManager, waiting: list[str],
     }
 
 
+def _as_returned(value: Any) -> Any:
+    """What a step returned, as plain data: a list of ids stays, anything else is named."""
+    if type(value) in (list, tuple) and all(type(item) is str for item in value):
+        return list(value)
+    return None if value is None else f"a {type(value).__name__}: {value!r:.40}"
+
+
 def drive(fn: StepFn, requests: dict[str, Request],
           num_blocks: int) -> tuple[dict[str, list[int]], list[dict[str, Any]]]:
     """Run ``fn`` step by step until every request finished (at most ``MAX_STEPS`` steps);
-    return every request's tokens and the pool state after each step."""
+    return every request's tokens and, after each step, the record :func:`explain_run`
+    compares: what ``fn`` returned, the pool (:func:`pool_state`), ``computed`` (the
+    ``[position, token]`` pairs the model computed, sorted) and ``sampled`` (the tokens
+    each request gained)."""
     model, manager = exercise_model(), new_manager(num_blocks)
+    computed: list[list[int]] = []
+
+    def record(module: Any, args: tuple[Any, ...]) -> None:
+        computed.extend([int(p), int(t)] for p, t in zip(args[1].tolist(), args[0].tolist(),
+                                                           strict=True))
+
     waiting: list[str] = []
     running: list[str] = []
     tokens = {r: list(q.prompt) for r, q in requests.items()}
     remaining = {r: q.max_tokens for r, q in requests.items()}
     states = []
-    for step in range(MAX_STEPS):
-        waiting.extend(r for r, q in requests.items() if q.arrival == step)
-        fn(model, manager, waiting, running, tokens, remaining)
-        states.append(pool_state(manager, waiting, running))
-        if step >= max(q.arrival for q in requests.values()) and not waiting and not running:
-            break
+    hook = model.register_forward_pre_hook(record)
+    try:
+        for step in range(MAX_STEPS):
+            waiting.extend(r for r, q in requests.items() if q.arrival == step)
+            before = {r: len(t) for r, t in tokens.items()}
+            computed.clear()
+            returned = fn(model, manager, waiting, running, tokens, remaining)
+            states.append({"returned": _as_returned(returned),
+                           **pool_state(manager, waiting, running),
+                           "computed": sorted(computed),
+                           "sampled": {r: tokens[r][n:] for r, n in before.items()
+                                       if len(tokens[r]) != n}})
+            if step >= max(q.arrival for q in requests.values()) and not waiting \
+                    and not running:
+                break
+    finally:
+        hook.remove()
     return tokens, states
 
 
@@ -234,63 +296,175 @@ def _generated(tokens: dict[str, list[int]], requests: dict[str, Request]) -> di
     return {r: tokens[r][len(q.prompt):] for r, q in requests.items()}
 
 
-def first_difference(got: list[dict[str, Any]],
-                     expected: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first step after which two runs' pool states differ, with the entries that do;
-    None when the runs are equal step by step."""
-    ended = "no such step: the run had ended"
-    for step in range(max(len(got), len(expected))):
-        mine = got[step] if step < len(got) else ended
-        theirs = expected[step] if step < len(expected) else ended
-        if mine == theirs:
-            continue
-        if isinstance(mine, str) or isinstance(theirs, str):
-            return {"after step": step, "got": mine, "expected": theirs}
-        return {"after step": step} | {key: _difference(mine[key], theirs[key])
-                                       for key in theirs if mine[key] != theirs[key]}
+@dataclass(frozen=True)
+class Run:
+    """What a case's run saw: the record of every step and the tokens each request
+    generated; shown in the report by its length (``to_plain`` makes it a dict)."""
+
+    steps: list[dict[str, Any]]
+    tokens: dict[str, list[int]]
+
+    def __repr__(self) -> str:
+        return f"a run of {len(self.steps)} steps generating {self.tokens}"
+
+
+def observe_run(fn: StepFn, requests: dict[str, Request], num_blocks: int) -> Run:
+    """A case's run: :func:`drive` ``fn`` and keep its records and generated tokens."""
+    tokens, states = drive(fn, requests, num_blocks)
+    return Run(states, _generated(tokens, requests))
+
+
+# --- the report: the first step and field that differ, and the mistake it shows ---------------
+
+FIELDS = ("running", "waiting", "tables", "free", "ref_counts", "computed", "sampled",
+          "returned")
+"""A step's fields in the order a difference is looked for: decisions before their effects."""
+
+PREEMPT = ("on OutOfBlocks preempt the NEWEST running request (possibly the one asking): "
+           "free it, take it out of running, then retry the claim; claims go oldest first")
+REQUEUE = "a preempted request goes to the FRONT of waiting (waiting.insert(0, r))"
+IN_ORDER = ("admission is first come, first served: stop at the first waiting request that "
+            "does not fit; nobody behind it may jump ahead")
+ROOM = ("a waiting request fits when the free blocks hold ALL its tokens, "
+        "manager.blocks_needed(len(tokens[r])), no more: the token it samples in this step "
+        "gets its slot in the next")
+ADMIT = f"{IN_ORDER}; {ROOM}"
+TABLES = ("every decode needs a slot for its last token: manager.append_tokens(r), which "
+          "extends the table when the last block is full, before slot_mapping")
+FREE = ("a request with nothing remaining is finished: free its blocks "
+        "(manager.free_sequence) and take it out of running, in the same step")
+POSITIONS = ("positions count from 0 within each request: a decode feeds its last token at "
+             "position len(tokens[r]) - 1, a prefill its tokens at 0 .. len - 1 (rotary "
+             "attention hides a constant shift from the tokens, not from this check)")
+RECOMPUTE = ("a running request's earlier tokens are in the pool already: feed only its last "
+             "token; only an admitted request feeds all its tokens")
+SAMPLED = ("each request that went through the model gains one token: the argmax of the "
+           "logits after its LAST token (last_of gives one row per chunk)")
+RETURNED = ("return the ids that finished in this step, in running order (a list, [] when "
+            "none finished)")
+STEPS = ("keep stepping requests until they finish: each has remaining[r] tokens to "
+         "generate, one per step")
+TOKENS = ("the tokens must equal contiguous generation: same positions, same context, the "
+          "argmax after each request's last token")
+RAISED = ("a step must not raise: catch OutOfBlocks to preempt, and look a slot up only after "
+          "append_tokens or add_sequence made room for it")
+HINTS = {"running": f"{PREEMPT}; {ADMIT}", "waiting": REQUEUE, "tables": TABLES, "free": FREE,
+         "ref_counts": FREE, "computed": POSITIONS, "sampled": SAMPLED, "returned": RETURNED,
+         "steps": STEPS, "tokens": TOKENS, "raised": RAISED}
+"""The hint for the first field that differs (a recognised mistake's hint wins)."""
+
+
+def _recognised(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:
+    """The hint of a mistake recognised from how a step's field differs, or ""."""
+    if key == "running":
+        extra = [r for r in got["running"] if r not in want["running"]]
+        missing = [r for r in want["running"] if r not in got["running"]]
+        if extra and all(r in want["waiting"] for r in extra):
+            return IN_ORDER if not missing else PREEMPT
+        if missing and not extra and all(r in got["waiting"] for r in missing):
+            return ROOM if set(missing) <= set(want["tables"]) else PREEMPT
+    if key == "waiting" and sorted(got["waiting"]) == sorted(want["waiting"]):
+        return REQUEUE
+    if key in ("tables", "free", "ref_counts") and set(got["tables"]) - set(got["running"]):
+        return FREE
+    if key == "computed":
+        if len(got["computed"]) > len(want["computed"]):
+            return RECOMPUTE
+        return POSITIONS
+    return ""
+
+
+def _show_computed(pairs: Any) -> str:
+    """``[position, token]`` pairs as their positions and their tokens."""
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2
+                                            for p in pairs)):
+        return repr(pairs)
+    return f"positions {[p for p, _ in pairs]}, tokens {[t for _, t in pairs]}"
+
+
+def _field_difference(key: str, got: Any, want: Any) -> str:
+    """``got ..., expected ...`` for one field of a step."""
+    if key == "computed":
+        return f"got {_show_computed(got)}, expected {_show_computed(want)}"
+    return f"got {got!r}, expected {want!r}"
+
+
+def explain_run(got: Any, steps: list[dict[str, Any]],
+                tokens: dict[str, list[int]]) -> Verdict | None:
+    """None when the learner's run (``observe_run``'s record) has the reference's ``steps``
+    and the contiguous ``tokens``; else the first step and field that differ."""
+    mine = got["steps"]
+    for step, want in enumerate(steps):
+        if step >= len(mine):
+            return Verdict(False, f"steps: your run ended after {len(mine)} steps, the "
+                                  f"course's after {len(steps)}", STEPS)
+        key = next((k for k in FIELDS if mine[step][k] != want[k]), None)
+        if key is not None:
+            return Verdict(False, f"{key}[after step {step}]: "
+                                  f"{_field_difference(key, mine[step][key], want[key])}",
+                           _recognised(key, mine[step], want) or HINTS[key])
+    if len(mine) > len(steps):
+        return Verdict(False, f"steps: your run went on after the course's ended ({len(mine)} "
+                              f"steps, not {len(steps)})", STEPS)
+    for request, want_tokens in tokens.items():
+        if got["tokens"].get(request) != want_tokens:
+            return Verdict(False, f"tokens[{request}]: got {got['tokens'].get(request)}, "
+                                  f"contiguous generation gives {want_tokens}", TOKENS)
     return None
 
 
-def _difference(got: Any, expected: Any) -> dict[Any, Any]:
-    """Got and expected, or for two dicts only the keys where they differ (None: absent)."""
-    if not (isinstance(got, dict) and isinstance(expected, dict)):
-        return {"got": got, "expected": expected}
-    return {key: {"got": got.get(key), "expected": expected.get(key)}
-            for key in sorted(got.keys() | expected.keys(), key=str)
-            if got.get(key) != expected.get(key)}
+@functools.cache
+def _expected_run(requests: tuple[tuple[str, Request], ...],
+                  num_blocks: int) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The reference's records (as plain data, as the learner's arrive) and the tokens of
+    contiguous generation; cached, as every check of the exercise builds the same cases."""
+    scenario = dict(requests)
+    steps = to_plain(drive(reference_step, scenario, num_blocks)[1])
+    return steps, _generated(contiguous_tokens(scenario), scenario)
+
+
+def step_case(requests: dict[str, Request], num_blocks: int, label: str) -> Case:
+    """Drive the learner's step on ``requests`` in a pool of ``num_blocks`` blocks; judged
+    against the reference's run and contiguous generation, both computed here only."""
+    names = ", ".join(f"{r} (prompt {len(q.prompt)}, {q.max_tokens} new, arrives at step "
+                      f"{q.arrival})" for r, q in requests.items())
+    steps, tokens = _expected_run(tuple(requests.items()), num_blocks)
+    expected = Satisfies(
+        f"the course's run step by step (what it returns, the pool, the positions and tokens "
+        f"computed, the tokens sampled) and the tokens of contiguous generation {tokens}",
+        explain=lambda got: explain_run(got, steps, tokens))
+    return Case(f"{label}: fn(model, manager, waiting, running, tokens, remaining), step by "
+                f"step: {names}; pool of {num_blocks} blocks of {BLOCK_SIZE}",
+                lambda fn: observe_run(fn, requests, num_blocks), expected,
+                f"{PREEMPT}; {ADMIT}; {POSITIONS}", compare=satisfies, hints=HINTS)
 
 
 def _step_cases() -> list[Case]:
-    call = "fn(model, manager, waiting, running, tokens, remaining), step by step"
-    cases = []
-    for requests, num_blocks, hint in (
-        (ROOMY, 24, "decode at position len(tokens[r]) - 1, prefill at 0..len-1; "
-         "sample each request's row of its last token; free finished requests"),
-        (TIGHT, 8, "on OutOfBlocks preempt the newest running request (free it, "
-         "waiting.insert(0, it)) and retry; admit nothing in a step that preempted"),
-    ):
-        names = ", ".join(f"{r} (prompt {len(q.prompt)}, {q.max_tokens} new, arrives at "
-                          f"step {q.arrival})" for r, q in requests.items())
-        where = f"{call}: {names}; pool of {num_blocks} blocks of {BLOCK_SIZE}"
-        cases.append(Case(
-            f"{where}: the tokens each request generates (= contiguous generation)",
-            lambda fn, q=requests, n=num_blocks: _generated(drive(fn, q, n)[0], q),
-            _generated(contiguous_tokens(requests), requests), hint))
-        reference = drive(reference_step, requests, num_blocks)[1]
-        cases.append(Case(
-            "the same run: the pool after each step (running, waiting, tables, free, ref "
-            "counts) against the course's run; the first step that differs (None: none)",
-            lambda fn, q=requests, n=num_blocks, ref=reference:
-                first_difference(drive(fn, q, n)[1], ref),
-            None,
-            "claim decode slots oldest first, then admit front first; free finished "
-            "requests at the end of the step, in running order"))
-    return cases
+    return [step_case(requests, num_blocks, label)
+            for label, requests, num_blocks in SCENARIOS]
+
+
+def _step_fresh(seed: int) -> list[Case]:
+    """Three to five requests with random prompts, arrivals and lengths, in a pool that
+    holds the largest but not all of them."""
+    rng = random.Random(seed)
+    requests = {name: Request(rng.randint(0, 3),
+                              tuple(rng.randrange(64) for _ in range(rng.randint(1, 9))),
+                              rng.randint(1, 6))
+                for name in "pqrst"[:rng.randint(3, 5)]}
+    largest = max(len(q.prompt) + q.max_tokens for q in requests.values())
+    num_blocks = -(-largest // BLOCK_SIZE) + 1 + rng.randint(1, 4)
+    return [step_case(requests, num_blocks, f"requests drawn from seed {seed}")]
 
 
 EXERCISES = (
     Exercise("07.engine_step", "One engine step from a specification: decode, preempt, "
              "admit, sample, free", _step_cases,
              reference=("course_lib.engine.PagedEngine", "course_lib.engine.generate",
-                        "course_lib.serving.ServingCore")),
+                        "course_lib.serving.ServingCore",
+                        "course_lib.grading.ch07.reference_step",
+                        "course_lib.grading.ch07._claim_decode_slots",
+                        "course_lib.grading.ch07._admit",
+                        "course_lib.grading.ch07._forward_and_sample"),
+             fresh=_step_fresh),
 )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course_lib.grading import chapter_exercises
-from course_lib.grading.check import Case, Exercise, judge
+from course_lib.grading.check import Case, Exercise, exercise_cases, judge
 from course_lib.grading.execute import Execution, Harvest, Kernel, Limits, execute
 from course_lib.grading.harvest import ship, uses_withheld, withheld_name
 from course_lib.grading.sandbox import check_available, is_exercise_module, library_copy
@@ -63,12 +63,6 @@ class ChapterCases:
     cases: Mapping[str, list[Case]]
     shipped: Mapping[str, str]
     library: Mapping[str, bytes]
-
-
-def exercise_cases(exercise: Exercise, seed: int) -> list[Case]:
-    """The fixed cases of ``exercise`` and those drawn from ``seed``."""
-    fresh = getattr(exercise, "fresh", None)
-    return [*exercise.cases(), *(fresh(seed) if fresh is not None else ())]
 
 
 def build_chapter(chapter: str, seed: int) -> ChapterCases:
