@@ -151,30 +151,47 @@ class HybridKVManager:
 
     # --- cost of an operation, before doing it ---------------------------------------
 
-    def append_cost(self, seq_id: str, end: int) -> tuple[int, int]:
-        """(blocks to take, blocks handed back first) when ``seq_id`` grows to ``end``
-        tokens: window blocks the new chunk no longer needs go back, copies of shared
-        partly filled last blocks and new blocks are taken."""
-        seq = self._get(seq_id)
-        check_int("end", end, seq.length + 1)
-        take = give = 0
-        for window, table in zip(self.windows, seq.tables, strict=True):
-            first = first_needed_block(seq.length, window, self.block_size)
-            give += sum(1 for b in table[:first] if b != NULL_BLOCK and
-                        self.pool.ref_count(b) == 1)
-            take += blocks_needed(end, self.block_size) - len(table)
-            if seq.length % self.block_size and self.pool.ref_count(table[-1]) > 1:
-                take += 1
-        return take, give
+    def claim_cost(self, claims: Sequence[tuple[str | Sequence[Sequence[int]], int]]) -> int:
+        """Fewest free blocks the pool must have for ``claims``, made in order: each is
+        ``(seq_id, end)``, a sequence extended to ``end`` tokens (its window blocks go back
+        first, then shared partly filled last blocks are copied and new blocks taken), or
+        ``(hit, end)``, a new sequence of ``end`` tokens starting from a cache hit as
+        ``cache_hit`` returns it (fresh blocks, plus cached ones revived from the free
+        queue)."""
+        refs: dict[int, int] = {}  # reference counts as the claims before change them
+        balance = worst = 0  # blocks taken less blocks handed back, so far
 
-    def hit_cost(self, hit: Sequence[Sequence[int]], end: int) -> int:
-        """Free blocks a new sequence of ``end`` tokens takes given its cache ``hit``
-        (per group, as ``cache_hit`` returns it): fresh blocks plus cached ones it revives."""
-        blocks = len(hit[0]) if hit else 0
-        fresh = len(self.windows) * (blocks_needed(end, self.block_size) - blocks)
-        revived = {b for table in hit for b in table
-                   if b != NULL_BLOCK and self.pool.ref_count(b) == 0}
-        return fresh + len(revived)
+        def ref(block: int) -> int:
+            return refs.get(block, self.pool.ref_count(block))
+
+        for target, end in claims:
+            if isinstance(target, str):
+                balance += self._extend_cost(self._get(target), end, ref, refs)
+            else:
+                tables = [list(table) for table in target] or [[] for _ in self.windows]
+                balance += len(self.windows) * (
+                    blocks_needed(end, self.block_size) - len(tables[0]))
+                for block in {b for table in tables for b in table if b != NULL_BLOCK}:
+                    balance += ref(block) == 0
+                    refs[block] = ref(block) + 1
+            worst = max(worst, balance)
+        return worst
+
+    def _extend_cost(self, seq: _HybridSequence, end: int, ref, refs: dict[int, int]) -> int:
+        """Blocks taken less blocks handed back when ``seq`` grows to ``end`` tokens, with
+        ``ref`` the counts so far (updated in ``refs``)."""
+        check_int("end", end, seq.length + 1)
+        net = 0
+        for window, table in zip(self.windows, seq.tables, strict=True):
+            for block in table[:first_needed_block(seq.length, window, self.block_size)]:
+                if block != NULL_BLOCK:
+                    refs[block] = ref(block) - 1
+                    net -= refs[block] == 0
+            net += blocks_needed(end, self.block_size) - len(table)
+            if seq.length % self.block_size and ref(table[-1]) > 1:
+                refs[table[-1]] = ref(table[-1]) - 1
+                net += 1
+        return net
 
     # --- the prefix-hit rule --------------------------------------------------------
 
@@ -228,7 +245,7 @@ class HybridKVManager:
                                  f"their full blocks")
             hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt, known=known)
             hit = self.cache_hit(hashes[: max(length - 1, 0) // self.block_size])
-        self._require_free(self.hit_cost(hit, length))
+        self._require_free(self.claim_cost([(hit, length)]))
         self._touch(hit)
         size = blocks_needed(length, self.block_size)
         tables = [list(table) + [self.pool.allocate() for _ in range(size - len(table))]
@@ -254,9 +271,7 @@ class HybridKVManager:
             raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
         end = seq.length + count
-        take, give = self.append_cost(seq_id, end)
-        if take > self.pool.num_free + give:
-            raise OutOfBlocks(take, self.pool.num_free + give)
+        self._require_free(self.claim_cost([(seq_id, end)]))
         self._free_outside_window(seq)
         for table in seq.tables:
             if seq.length % self.block_size and self.pool.ref_count(table[-1]) > 1:
