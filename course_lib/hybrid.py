@@ -59,11 +59,31 @@ def group_hash(block_hash: BlockHash, group: int) -> BlockHash:
                              (f"kv-cache group {check_int('group', group, 0)}",))
 
 
-def window_hit_blocks(cached: Sequence[bool], blocks: int, window: int | None,
-                      block_size: int) -> bool:
+def serves_hit(cached: Sequence[bool], blocks: int, window: int | None,
+               block_size: int) -> bool:
     """Whether a group whose block i is cached when ``cached[i]`` can serve a hit of
-    ``blocks`` full blocks: every block from the first one the next token needs."""
+    ``blocks`` full blocks: it needs every block from the first one the token at position
+    ``blocks * block_size`` (the first one recomputed) reads."""
+    check_int("blocks", blocks, 0, len(cached))
     return all(cached[first_needed_block(blocks * block_size, window, block_size):blocks])
+
+
+def hit_blocks(cached: Sequence[Sequence[bool]], windows: Sequence[int | None],
+               block_size: int, num_tokens: int) -> int:
+    """The prefix-hit rule: the most full blocks of a ``num_tokens``-token prompt that every
+    group serves (``cached[g][i]``: group g holds block i of the prompt's hash chain), never
+    the prompt's last token, which is always computed."""
+    check_int("num_tokens", num_tokens, 0)
+    if len(cached) != len(windows):
+        raise ValueError(f"{len(cached)} groups of cached flags for {len(windows)} windows")
+    blocks = max(num_tokens - 1, 0) // check_int("block_size", block_size, 1)
+    for flags in cached:
+        if len(flags) < blocks:
+            raise ValueError(f"{len(flags)} cached flags for a prompt of {blocks} full blocks")
+    while blocks and not all(serves_hit(flags, blocks, window, block_size)
+                             for flags, window in zip(cached, windows, strict=True)):
+        blocks -= 1
+    return blocks
 
 
 @dataclass
@@ -196,22 +216,16 @@ class HybridKVManager:
     # --- the prefix-hit rule --------------------------------------------------------
 
     def cache_hit(self, hashes: Sequence[BlockHash]) -> tuple[tuple[int, ...], ...]:
-        """Each group's cached blocks for the longest prefix of ``hashes`` (a request's
-        chain, capped by the caller) that every group can serve; a window group's blocks
-        before what the next token needs are the null block. Empty tables: no hit."""
+        """Each group's cached blocks for the longest prefix of ``hashes`` (a prompt's chain
+        of full blocks, all but its last token) that every group serves (``hit_blocks``); a
+        window group's blocks before what the next token reads are the null block. Empty
+        tables: no hit."""
         if not self.caching or not hashes:
             return tuple(() for _ in self.windows)
         found = [self._cached_blocks(hashes, g) for g in range(len(self.windows))]
-        blocks = len(hashes)
-        for window, blocks_of in zip(self.windows, found, strict=True):
-            if window is None:
-                blocks = min(blocks, next((i for i, b in enumerate(blocks_of) if b is None),
-                                          len(blocks_of)))
-        while blocks and not all(
-                window_hit_blocks([b is not None for b in blocks_of], blocks, window,
-                                  self.block_size)
-                for window, blocks_of in zip(self.windows, found, strict=True)):
-            blocks -= 1
+        cached = [[b is not None for b in blocks_of] for blocks_of in found]
+        blocks = hit_blocks(cached, self.windows, self.block_size,
+                            len(hashes) * self.block_size + 1)
         return tuple(
             tuple(NULL_BLOCK if i < first_needed_block(blocks * self.block_size, window,
                                                        self.block_size) else blocks_of[i]
