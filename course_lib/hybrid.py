@@ -326,15 +326,16 @@ class HybridKVManager:
         return PrefixCacheStats(self._queries, self._query_tokens, self._hit_tokens, evictions)
 
     def snapshot(self, label: str = "") -> PoolSnapshot:
-        """The pool now, each block owned by ``"<sequence>/g<group>"``, so a drawing can
-        colour blocks by group; tables are listed under the same names."""
+        """The pool now, each block owned by ``"<sequence> g<group> (<kind>)"``, so a drawing
+        colours each group of each sequence apart; tables are listed under the same names."""
         fill: dict[int, int] = {}
         owners: dict[int, list[str]] = {}
         tables: dict[str, tuple[int, ...]] = {}
         lens: dict[str, int] = {}
         for seq_id, seq in self._seqs.items():
             for group, table in enumerate(seq.tables):
-                name = f"{seq_id}/g{group}"
+                window = self.windows[group]
+                name = f"{seq_id} g{group} ({'full' if window is None else f'window {window}'})"
                 tables[name], lens[name] = tuple(table), seq.length
                 for index, block_id in enumerate(table):
                     if block_id != NULL_BLOCK:

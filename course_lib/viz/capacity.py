@@ -26,11 +26,14 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 from course_lib.kv_math import (
     DTYPE_BYTES,
     GIB,
+    HYBRID_MODELS,
     MODELS,
     Capacity,
+    HybridModel,
     ModelShape,
     blocks_needed,
     capacity,
+    hybrid_capacity,
     model_shape,
 )
 from course_lib.viz.palette import OWNER_COLORS
@@ -121,6 +124,46 @@ def plot_concurrency_vs_context(
     ax.grid(True, which="major", color="#e6e9ed", linewidth=0.8)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(frameon=False, fontsize=9)
+    return ax.figure
+
+
+def plot_hybrid_concurrency(
+    models: Sequence[HybridModel] = tuple(HYBRID_MODELS.values()),
+    *,
+    dtype: str = "bf16",
+    budget_gib: float = 60.0,
+    block_size: int = 16,
+    ax: Axes | None = None,
+) -> Figure:
+    """Chapter 08's version of the curve: requests of each length that fit at once, for
+    hybrid models with window freeing (solid) and without (dashed, which is what the same
+    model with every layer full holds when its groups are as large). Log-log, as
+    :func:`plot_concurrency_vs_context`; ends with the figure (call ``plt.show()``)."""
+    if not models:
+        raise ValueError("models is empty: name at least one hybrid model to plot")
+    budget = _budget_bytes(budget_gib)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+    for i, model in enumerate(models):
+        color = OWNER_COLORS[i % len(OWNER_COLORS)]
+        caps = [hybrid_capacity(model, budget, n, block_size, dtype) for n in CONTEXT_LENGTHS]
+        ax.plot(CONTEXT_LENGTHS, [c.blocks / c.blocks_per_request for c in caps], color=color,
+                linewidth=2, label=f"{model.name}, window blocks freed")
+        ax.plot(CONTEXT_LENGTHS, [c.blocks / c.blocks_per_request_no_freeing for c in caps],
+                color=color, linewidth=1.5, linestyle="--", label=f"{model.name}, kept")
+    ax.axhline(1.0, color="#8c959f", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [2**k for k in range(9, 18)]
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [_length_label(t) for t in ticks])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("tokens per request")
+    ax.set_ylabel("concurrent requests")
+    ax.set_title(f"Hybrid models: {budget_gib:g} GiB of KV cache, {dtype}, blocks of "
+                 f"{block_size}", fontsize=11, loc="left")
+    ax.legend(frameon=False, fontsize=8.5)
     return ax.figure
 
 
