@@ -6,9 +6,16 @@ import matplotlib.pyplot as plt
 import pytest
 
 from course_lib.hybrid import HybridKVManager
-from course_lib.kv_math import HYBRID_MODELS
+from course_lib.kv_math import GIB, HYBRID_MODELS, hybrid_capacity
 from course_lib.paged import BlockPool
-from course_lib.viz import plot_hybrid_concurrency, pool_picture, pool_timeline
+from course_lib.viz import (
+    CapacityCalculator,
+    HybridCapacityCalculator,
+    plot_hybrid_concurrency,
+    pool_picture,
+    pool_timeline,
+)
+from tests.test_viz import find_widget
 
 
 def test_hybrid_plot_draws_two_lines_per_model_and_freeing_is_above() -> None:
@@ -41,3 +48,29 @@ def test_pool_drawn_by_group_shows_window_blocks_returning() -> None:
     svg = pool_timeline(snapshots).at(len(snapshots) - 1, request="chat g0 (window 8)").svg
     assert "chat g0 (window 8)" in svg
     assert any("freed" in pool_picture(s).svg for s in snapshots[1:])
+
+
+def test_hybrid_calculator_numbers_come_from_hybrid_capacity() -> None:
+    calc = HybridCapacityCalculator("gpt-oss-20b", dtype="bf16", budget_gib=60, max_len=32768)
+    expected = hybrid_capacity(HYBRID_MODELS["gpt-oss-20b"], 60 * GIB, 32768, 16, "bf16")
+    html = calc.numbers_html()
+    assert f'data-max-requests="{expected.max_requests}"' in html
+    assert f"{expected.max_requests_no_freeing:,} without freeing" in html
+    assert "groups [window 128, full]" in html
+    assert calc._repr_svg_().startswith("<svg")
+    with pytest.raises(ValueError, match="gpt-5"):
+        HybridCapacityCalculator("gpt-5")
+
+
+def test_chapter_01_widget_offers_the_hybrid_presets() -> None:
+    before = plt.get_fignums()
+    box = CapacityCalculator().widget()
+    numbers = find_widget(box, "capacity-numbers-box")
+    find_widget(box, "capacity-model").value = "gemma-3-27b"
+    assert find_widget(box, "capacity-layers").value == 62
+    expected = hybrid_capacity(HYBRID_MODELS["gemma-3-27b"], 60 * GIB, 8192, 16, "fp16")
+    assert f'data-max-requests="{expected.max_requests}"' in numbers.value
+    assert repr(box).startswith("capacity calculator: gemma-3-27b, fp16, 60 GiB")
+    find_widget(box, "capacity-model").value = "llama-3-8b"
+    assert 'data-bytes-per-token="131072"' in numbers.value
+    assert plt.get_fignums() == before

@@ -27,6 +27,7 @@ from course_lib.viz.arena_view import (
 )
 from course_lib.viz.capacity import (
     CapacityCalculator,
+    HybridCapacityCalculator,
     plot_concurrency_vs_context,
     plot_hybrid_concurrency,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ArenaFrame",
     "ArenaStats",
     "CapacityCalculator",
+    "HybridCapacityCalculator",
     "PoolStats",
     "Reservation",
     "SourceView",
