@@ -108,3 +108,11 @@ def test_bad_windows_are_refused(model, windows, message) -> None:
         HybridEngine(model, windows, num_blocks=40, block_size=4)
     with pytest.raises(ValueError, match=message):
         generate_windowed(model, windows, [[1, 2]], 2)
+
+
+def test_parallel_samples_fork_every_group(model, prompts, expected) -> None:
+    engine = HybridEngine(model, WINDOWS, num_blocks=40, block_size=4,
+                          decode_attention="torch", prefix_caching=True)
+    output = engine.generate([prompts[0]], SamplingParams(max_tokens=8, n=2))[0]
+    assert [list(t) for t in output.token_ids] == [expected[0], expected[0]]
+    assert engine.pool.num_used == 0

@@ -285,3 +285,20 @@ TestHybridMachine = HybridMachine.TestCase
 TestHybridMachine.settings = SETTINGS
 TestPlainHybridMachine = PlainHybridMachine.TestCase
 TestPlainHybridMachine.settings = SETTINGS
+
+
+def test_hit_blocks_rule_and_refusals() -> None:
+    from course_lib.hybrid import hit_blocks, serves_hit
+
+    assert hit_blocks([[True] * 6, [False] * 4 + [True] * 2], [None, 8], 4, 25) == 6
+    assert hit_blocks([[True] * 6, [True] * 5 + [False]], [None, 8], 4, 25) == 5
+    assert hit_blocks([[True] * 6], [None], 4, 24) == 5  # the last token is computed
+    assert serves_hit([False, True], 2, 5, 4) and not serves_hit([False, True], 2, 6, 4)
+    for call, message in [
+        (lambda: hit_blocks([[True]], [None, 4], 4, 5), "groups"),
+        (lambda: hit_blocks([[True]], [None], 4, 13), "flags"),
+        (lambda: hit_blocks([[True]], [None], 0, 5), "block_size"),
+        (lambda: serves_hit([True], 2, None, 4), "blocks"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            call()

@@ -108,3 +108,13 @@ def test_hybrid_model_batches_more_than_its_all_full_twin() -> None:
     assert hybrid.avg_batch > full.avg_batch and hybrid.steps < full.steps
     assert hybrid.preemptions < full.preemptions
     assert 0 < hybrid.hit_tokens <= hybrid.prompt_tokens
+
+
+def test_study_refuses_bad_inputs() -> None:
+    trace = support_chat(2)
+    with pytest.raises(ValueError, match="HybridModel"):
+        serve_trace(trace, "gpt-oss-20b", GIB, progress=False)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        serve_trace(trace, HYBRID_MODELS["gpt-oss-20b"], 0, progress=False)
+    with pytest.raises(ValueError, match="needs up to"):  # a pool too small for one chat
+        serve_trace(trace, HYBRID_MODELS["gpt-oss-20b"], 2**22, progress=False)
