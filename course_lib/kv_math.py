@@ -239,3 +239,213 @@ def vllm_kv_log_lines(
         f"GPU KV cache size: {cap.tokens:,} tokens",
         f"Maximum concurrency for {max_len:,} tokens per request: {cap.max_concurrency:.2f}x",
     ]
+
+
+# --- hybrid models: layers of different attention kinds (chapter 08) ----------------------
+
+FULL = None
+"""The window of a full-attention layer: none (it attends to every earlier token)."""
+
+
+def window_tokens(num_tokens: int, window: int | None) -> int:
+    """Tokens one layer keeps K/V for at a request of ``num_tokens`` tokens: all of them for
+    full attention, else the last ``window`` (the ones the newest token attends to)."""
+    check_int("num_tokens", num_tokens, 0)
+    if window is None:
+        return num_tokens
+    return min(num_tokens, check_int("window", window, 1))
+
+
+def window_blocks(num_tokens: int, window: int | None, block_size: int) -> int:
+    """Blocks one layer holds for a request of ``num_tokens`` tokens when the blocks wholly
+    before its last ``window`` tokens have been handed back: the blocks that tokens
+    ``num_tokens - window .. num_tokens - 1`` touch (all ceil(L/B) for full attention).
+
+    A window rarely starts on a block boundary, so W tokens can touch ceil(W/B) + 1 blocks.
+    """
+    check_int("block_size", block_size, 1)
+    kept = window_tokens(num_tokens, window)
+    if kept == 0:
+        return 0
+    first = num_tokens - kept
+    return (num_tokens - 1) // block_size - first // block_size + 1
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers of one attention kind that share a block table (vLLM's KV-cache group):
+    ``window`` is None for full attention; ``layers`` are the model layers in the group and
+    ``slots`` the layers one block has room for (the last group of a kind may be short)."""
+
+    window: int | None
+    layers: tuple[int, ...]
+    slots: int
+
+    @property
+    def kind(self) -> str:
+        """``"full"`` or ``"window W"``, for tables and legends."""
+        return "full" if self.window is None else f"window {self.window}"
+
+
+@dataclass(frozen=True)
+class HybridModel:
+    """A decoder whose layers differ in attention kind: ``windows[i]`` is layer i's sliding
+    window in tokens, or None (``FULL``) for full attention. Every layer has the same KV
+    heads and head size, as in the published hybrids."""
+
+    name: str
+    windows: tuple[int | None, ...]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    source: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.windows, tuple) or not self.windows:
+            raise ValueError(f"windows must be a non-empty tuple, got {describe(self.windows)}")
+        for window in self.windows:
+            if window is not None:
+                check_int("window", window, 1)
+        ModelShape(self.name, len(self.windows), self.q_heads, self.kv_heads, self.head_dim,
+                   self.source)  # the same shape checks
+
+    @property
+    def layers(self) -> int:
+        """Decoder layers."""
+        return len(self.windows)
+
+    def layer_counts(self) -> dict[int | None, int]:
+        """Layers of each kind (window size, or None for full attention), in first-seen order."""
+        counts: dict[int | None, int] = {}
+        for window in self.windows:
+            counts[window] = counts.get(window, 0) + 1
+        return counts
+
+    def layer_bytes_per_token(self, dtype: str = "fp16") -> int:
+        """KV bytes one token takes in one layer: 2 x H_kv x D x bytes."""
+        return bytes_per_token(1, self.kv_heads, self.head_dim, dtype)
+
+    def all_full(self) -> HybridModel:
+        """The same model with full attention in every layer (the comparison chapter 08 draws)."""
+        return HybridModel(f"{self.name} (all full)", (FULL,) * self.layers, self.q_heads,
+                           self.kv_heads, self.head_dim, self.source)
+
+    def kv_bytes(self, num_tokens: int, dtype: str = "fp16") -> int:
+        """Exact KV bytes of one request of ``num_tokens`` tokens: every layer keeps the tokens
+        its attention can still reach (all, or the last W)."""
+        kept = sum(window_tokens(num_tokens, window) for window in self.windows)
+        return kept * self.layer_bytes_per_token(dtype)
+
+    def bytes_per_token(self, num_tokens: int, dtype: str = "fp16") -> float:
+        """KV bytes per token at a request of ``num_tokens`` tokens: it falls as L grows,
+        towards the full layers' share alone."""
+        check_int("num_tokens", num_tokens, 1)
+        return self.kv_bytes(num_tokens, dtype) / num_tokens
+
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The layers grouped as vLLM's hybrid manager groups them: every group has room for
+        the same number of layers (the count of the rarest kind), so one block id names a
+        page of the same size in every group; a kind's last group may be short."""
+        by_kind: dict[int | None, list[int]] = {}
+        for layer, window in enumerate(self.windows):
+            by_kind.setdefault(window, []).append(layer)
+        size = min(len(layers) for layers in by_kind.values())
+        return tuple(
+            KVCacheGroup(window, tuple(layers[start:start + size]), size)
+            for window, layers in by_kind.items()
+            for start in range(0, len(layers), size)
+        )
+
+    def block_bytes(self, block_size: int, dtype: str = "fp16") -> int:
+        """Bytes of one block of the shared pool: ``block_size`` tokens of every layer slot of
+        one group."""
+        slots = self.kv_cache_groups()[0].slots
+        return check_int("block_size", block_size, 1) * slots * self.layer_bytes_per_token(dtype)
+
+    def blocks_per_request(self, num_tokens: int, block_size: int,
+                           window_freeing: bool = True) -> int:
+        """Blocks one request of ``num_tokens`` tokens holds across all groups; without
+        ``window_freeing`` a window group keeps every block, as a full one does."""
+        check_int("num_tokens", num_tokens, 1)
+        return sum(
+            window_blocks(num_tokens, group.window if window_freeing else None, block_size)
+            for group in self.kv_cache_groups()
+        )
+
+
+@dataclass(frozen=True)
+class HybridCapacity:
+    """What a KV budget holds for a hybrid model at one request length."""
+
+    model: str
+    num_tokens: int
+    block_size: int
+    block_bytes: int
+    blocks: int
+    kv_bytes_exact: int
+    blocks_per_request: int
+    blocks_per_request_no_freeing: int
+    max_requests: int
+    max_requests_no_freeing: int
+
+    def as_dict(self) -> dict[str, int | str]:
+        """Plain fields for JSON output and tables."""
+        return dict(vars(self))
+
+
+def hybrid_capacity(model: HybridModel, budget_bytes: int | float, num_tokens: int,
+                    block_size: int = 16, dtype: str = "fp16") -> HybridCapacity:
+    """Requests of ``num_tokens`` tokens that fit in ``budget_bytes`` at once, with window
+    groups handing back the blocks their window has passed, and without."""
+    if not isinstance(model, HybridModel):
+        raise ValueError(f"model must be a HybridModel, got {describe(model)}")
+    budget = check_positive_number("budget_bytes", budget_bytes)
+    blocks = int(budget // model.block_bytes(block_size, dtype))
+    freeing = model.blocks_per_request(num_tokens, block_size, window_freeing=True)
+    keeping = model.blocks_per_request(num_tokens, block_size, window_freeing=False)
+    return HybridCapacity(model.name, num_tokens, block_size, model.block_bytes(block_size, dtype),
+                          blocks, model.kv_bytes(num_tokens, dtype), freeing, keeping,
+                          blocks // freeing, blocks // keeping)
+
+
+def alternating(pattern: tuple[int | None, ...], layers: int) -> tuple[int | None, ...]:
+    """Layer windows repeating ``pattern`` over ``layers`` layers (the published configs'
+    ``layer_types`` spelt as windows)."""
+    check_int("layers", layers, 1)
+    return tuple(pattern[i % len(pattern)] for i in range(layers))
+
+
+HYBRID_MODELS: dict[str, HybridModel] = {
+    model.name: model
+    for model in (
+        HybridModel(
+            "gpt-oss-20b", alternating((128, FULL), 24), q_heads=64, kv_heads=8, head_dim=64,
+            source="openai/gpt-oss-20b config.json: 24 layers, layer_types alternating "
+                   "sliding_attention/full_attention from layer 0, sliding_window 128, "
+                   "64 heads, 8 KV heads, head_dim 64",
+        ),
+        HybridModel(
+            "gpt-oss-120b", alternating((128, FULL), 36), q_heads=64, kv_heads=8, head_dim=64,
+            source="openai/gpt-oss-120b config.json: 36 layers, layer_types alternating "
+                   "sliding_attention/full_attention from layer 0, sliding_window 128, "
+                   "64 heads, 8 KV heads, head_dim 64",
+        ),
+        HybridModel(
+            "gemma-3-27b", alternating((1024,) * 5 + (FULL,), 62), q_heads=32, kv_heads=16,
+            head_dim=128,
+            source="google/gemma-3-27b-it config.json (text_config): 62 layers, "
+                   "sliding_window_pattern 6 (five local layers, then one global), "
+                   "sliding_window 1024, 32 heads, 16 KV heads, head_dim 128",
+        ),
+    )
+}
+"""Published hybrid models by name; figures read from each model's config.json."""
+
+
+def hybrid_model(name: str) -> HybridModel:
+    """Look up a hybrid preset by name; unknown names raise and list the known ones."""
+    try:
+        return HYBRID_MODELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown hybrid model {describe(name)}; "
+                         f"expected one of {', '.join(HYBRID_MODELS)}") from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.attention.backend import KERNEL_MODE, require_kernels
-from course_lib.attention.validation import PagedShape, check_paged_inputs
+from course_lib.attention.validation import PagedShape, check_paged_inputs, check_window
 
 if KERNEL_MODE != "unavailable":
     from course_lib.attention import triton_kernels
@@ -76,6 +76,7 @@ def paged_attention_decode(
     num_splits: int | None = None,
     *,
     check_values: bool = True,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention read through a block table by a Triton kernel; output like ``q``.
 
@@ -83,7 +84,9 @@ def paged_attention_decode(
     ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any strides); ``block_table`` is
     int32 ``[batch, max_blocks_per_seq]`` and ``seq_lens`` int32 ``[batch]``. ``num_splits``
     divides each sequence's KV range among that many programs (flash-decoding); ``None``
-    chooses from the shapes and the GPU's size.
+    chooses from the shapes and the GPU's size. ``window`` (chapter 08) is a sliding window
+    in tokens: the query attends to the last ``window`` positions only, and the kernel never
+    reads the blocks before them (their table entries may be the null block).
 
     Lengths and block ids are checked by reading them on the host: free on the CPU, one
     synchronisation on a GPU. ``check_values=False`` skips that on a GPU (for a caller that
@@ -92,6 +95,7 @@ def paged_attention_decode(
     wild read would crash the interpreter.
     """
     require_kernels()
+    window = check_window(window)
     shape = check_paged_inputs(
         q, k_cache, v_cache, block_table, seq_lens,
         check_values=check_values or q.device.type != "cuda",
@@ -110,7 +114,7 @@ def paged_attention_decode(
         return out
     config = launch_config(shape, num_splits, q.device)
     _launch(q, k_cache, v_cache, block_table, seq_lens.contiguous(), out, float(scale), shape,
-            config)
+            config, window)
     return out
 
 
@@ -154,6 +158,7 @@ def _launch(
     scale: float,
     shape: PagedShape,
     config: LaunchConfig,
+    window: int,
 ) -> None:
     splits = config.num_splits
     write_output = splits == 1
@@ -170,6 +175,7 @@ def _launch(
         q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
         scale * math.log2(math.e),
         splits,
+        window,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(), *out.stride(),
         GROUP=shape.group,
         GROUP_PAD=config.group_pad,

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from course_lib.attention.validation import check_paged_inputs
+from course_lib.attention.validation import check_paged_inputs, check_window
 
 
 def reference_attention(
@@ -21,6 +21,8 @@ def reference_attention(
     v: torch.Tensor,
     seq_lens: torch.Tensor | None = None,
     scale: float | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention over contiguous K/V, computed and returned in float32.
 
@@ -28,8 +30,11 @@ def reference_attention(
     are ``[batch, max_len, num_kv_heads, head_dim]``. Query head ``h`` attends with KV head
     ``h // (num_q_heads // num_kv_heads)`` (grouped-query attention). Positions at or past
     ``seq_lens[b]`` are ignored, whatever they hold (NaN included). ``scale`` defaults to
-    ``1 / sqrt(head_dim)``. The result is ``[batch, num_q_heads, head_dim]``.
+    ``1 / sqrt(head_dim)``. With a sliding ``window`` W the query (the token at position
+    ``seq_lens[b] - 1``) attends only to the last W positions. The result is
+    ``[batch, num_q_heads, head_dim]``.
     """
+    window = check_window(window)
     batch, num_q_heads, head_dim = q.shape
     _, max_len, num_kv_heads, _ = k.shape
     if num_q_heads % num_kv_heads:
@@ -40,7 +45,9 @@ def reference_attention(
         scale = 1.0 / math.sqrt(head_dim)
     if seq_lens is None:
         seq_lens = torch.full((batch,), max_len, device=q.device)
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens.to(q.device)[:, None]
+    positions = torch.arange(max_len, device=q.device)[None, :]
+    ends = seq_lens.to(q.device)[:, None]
+    valid = (positions < ends) & (positions >= ends - window)
     group = num_q_heads // num_kv_heads
     # [batch, num_q_heads, max_len, head_dim]: each query head sees its group's KV head.
     keys = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
@@ -80,6 +87,8 @@ def paged_attention_reference(
     block_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float | None = None,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Paged decode attention the slow, obvious way: gather through the block table, then attend.
 
@@ -87,4 +96,4 @@ def paged_attention_reference(
     """
     check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
     keys, values = gather_paged_kv(k_cache, v_cache, block_table, seq_lens)
-    return reference_attention(q, keys, values, seq_lens, scale)
+    return reference_attention(q, keys, values, seq_lens, scale, window=window)

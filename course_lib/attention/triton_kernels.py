@@ -3,8 +3,9 @@
 ``paged_decode_kernel`` runs one program per (sequence, KV head, split). The program holds
 the queries of every query head that shares this KV head (grouped-query attention), padded
 to at least 16 rows so that ``tl.dot`` compiles on a GPU. It walks its share of the
-sequence in tiles of ``TILE_N`` tokens; for each token it looks up the physical block in the
-block table, so the cache's block size and the tile size are independent. Scores are kept in
+sequence (with a sliding window, of its last ``window`` tokens) in tiles of ``TILE_N``
+tokens; for each token it looks up the physical block in the block table, so the cache's
+block size and the tile size are independent. Scores are kept in
 base 2 (the scale is pre-multiplied by log2(e)) and combined with an online softmax in fp32.
 
 With one split the program normalises and writes the output. With several, each writes its
@@ -23,6 +24,7 @@ def paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,
     num_splits,
+    window,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
@@ -39,10 +41,13 @@ def paged_decode_kernel(
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
-    # This split's token range: an equal share of the sequence, rounded up to whole tiles.
+    # The positions the query attends to: the last ``window`` (all of them without one), so
+    # the blocks before ``first`` are never read. This split's token range: an equal share
+    # of them, rounded up to whole tiles.
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
-    start = split * split_len
+    first = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, num_splits), TILE_N) * TILE_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     rows = tl.arange(0, GROUP_PAD)
@@ -113,7 +118,7 @@ def merge_splits_kernel(
     first = (seq * tl.num_programs(1) + head) * num_splits
     dims = tl.arange(0, HEAD_DIM)
 
-    # Split 0 always holds the sequence's first token, so its log-sum-exp is finite.
+    # Split 0 always holds the first attended token, so its log-sum-exp is finite.
     m = tl.load(part_lse_ptr + first)
     total = tl.full([], 1.0, tl.float32)
     acc = tl.load(part_out_ptr + first * HEAD_DIM + dims)

@@ -82,6 +82,20 @@ def check_paged_inputs(
     return shape
 
 
+NO_WINDOW = 2**31 - 1
+"""The window a full-attention call uses: more positions than any int32 length."""
+
+
+def check_window(window: object) -> int:
+    """A sliding window in tokens (a positive int, at most ``NO_WINDOW``), or None for full
+    attention, as the number of positions a query attends to."""
+    if window is None:
+        return NO_WINDOW
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= NO_WINDOW:
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    return window
+
+
 def _check_ranks(*tensors: torch.Tensor) -> None:
     names = ("q", "k_cache", "v_cache", "block_table", "seq_lens")
     layouts = (

@@ -6,8 +6,24 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from course_lib.commands import UsageError, add_json_flag, emit, format_table, integer, number
-from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, bytes_per_token, capacity
+from course_lib.commands import (
+    UsageError,
+    add_json_flag,
+    emit,
+    format_table,
+    integer,
+    number,
+    refuse_together,
+)
+from course_lib.kv_math import (
+    DTYPE_BYTES,
+    GIB,
+    HYBRID_MODELS,
+    MODELS,
+    bytes_per_token,
+    capacity,
+    hybrid_capacity,
+)
 from course_lib.limits import MAX_BUDGET_GIB, MAX_LEN, MAX_SHAPE
 
 MIN_POOL_BLOCKS = 2
@@ -63,12 +79,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(parser)
     add_budget_arguments(parser)
+    parser.add_argument("--hybrid", choices=tuple(HYBRID_MODELS), default=None,
+                        help="a published hybrid model (chapter 08): its layer kinds and shape, "
+                        "requests of --max-len tokens with and without window freeing")
     add_json_flag(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Compute and print the capacity table."""
+    if args.hybrid is not None:
+        return run_hybrid(args)
     per_token = per_token_bytes_from(args)
     budget_blocks(args, per_token)
     result = capacity(per_token, args.budget_gib * GIB, args.block_size, args.max_len).as_dict()
@@ -84,4 +105,43 @@ def _render(result: Mapping[str, Any]) -> str:
         ("tokens", f"{result['tokens']:,}"),
         (f"max requests at {result['max_len']:,} tokens", f"{result['max_requests']:,}"),
         ("max concurrency", f"{result['max_concurrency']:.2f}x"),
+    ])
+
+
+def run_hybrid(args: argparse.Namespace) -> int:
+    """The capacity of a budget for a hybrid preset at requests of ``--max-len`` tokens."""
+    guide = MODELS["guide-8kv"]
+    for flag, value, default in (("--layers", args.layers, guide.layers),
+                                 ("--kv-heads", args.kv_heads, guide.kv_heads),
+                                 ("--head-dim", args.head_dim, guide.head_dim)):
+        if value != default:
+            refuse_together("--hybrid", flag, "the preset fixes the model's shape")
+    model = HYBRID_MODELS[args.hybrid]
+    block_bytes = model.block_bytes(args.block_size, args.dtype)
+    if int(args.budget_gib * GIB) // block_bytes < MIN_POOL_BLOCKS:
+        raise UsageError(f"--budget-gib {args.budget_gib:g} holds fewer than {MIN_POOL_BLOCKS} "
+                         f"blocks of {block_bytes:,} B ({args.hybrid}, --block-size "
+                         f"{args.block_size})")
+    cap = hybrid_capacity(model, args.budget_gib * GIB, args.max_len, args.block_size,
+                          args.dtype)
+    result = dict(cap.as_dict(), budget_bytes=int(args.budget_gib * GIB),
+                  groups=[g.kind for g in model.kv_cache_groups()])
+    return emit(result, args.json, _render_hybrid)
+
+
+def _render_hybrid(result: Mapping[str, Any]) -> str:
+    tokens = result["num_tokens"]
+    return format_table([
+        ("model", result["model"]),
+        ("KV-cache groups", ", ".join(result["groups"])),
+        ("KV budget", f"{result['budget_bytes'] / GIB:g} GiB"),
+        ("blocks", f"{result['blocks']:,} of {result['block_bytes']:,} B "
+                   f"({result['block_size']} tokens)"),
+        (f"exact KV bytes at {tokens:,} tokens", f"{result['kv_bytes_exact']:,} B "
+                                                 f"({result['kv_bytes_exact'] / GIB:.3f} GiB)"),
+        ("blocks per request", f"{result['blocks_per_request']:,} with window freeing, "
+                               f"{result['blocks_per_request_no_freeing']:,} without"),
+        (f"max requests at {tokens:,} tokens", f"{result['max_requests']:,} with window "
+                                               f"freeing, {result['max_requests_no_freeing']:,} "
+                                               f"without"),
     ])

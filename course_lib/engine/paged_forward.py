@@ -60,11 +60,14 @@ class PagedBatch:
     """Attention (an ``Attention`` for ``LlamaModel``) for one engine step: chunk ``i``
     is ``counts[i]`` new tokens of a sequence from position ``starts[i]``, packed back to
     back, written to ``slots`` (one per token); ``block_table`` (int32, one row per chunk,
-    from ``PagedKVManager.batch_tables``) says where each sequence's context lies."""
+    from ``PagedKVManager.batch_tables``) says where each sequence's context lies. With a
+    sliding ``window`` (chapter 08) each token attends only to the last ``window``
+    positions, itself included, and the table's entries before them are never read."""
 
     def __init__(self, pool: BlockPool, slots: Sequence[int], block_table: torch.Tensor,
                  starts: Sequence[int], counts: Sequence[int],
-                 decode_attention: DecodeAttention = "triton") -> None:
+                 decode_attention: DecodeAttention = "triton", *,
+                 window: int | None = None) -> None:
         if decode_attention not in DECODE_ATTENTIONS:
             raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
                              f"{', '.join(DECODE_ATTENTIONS)}")
@@ -73,7 +76,7 @@ class PagedBatch:
                              f"{block_table.shape[0]} block-table rows")
         if min(counts, default=1) < 1 or sum(counts) != len(slots):
             raise ValueError(f"{len(slots)} slots for chunks of {list(counts)} tokens")
-        self.pool, self.decode_attention = pool, decode_attention
+        self.pool, self.decode_attention, self.window = pool, decode_attention, window
         self.write = _SlotWriter(pool, slots)
         self.block_table = block_table
         self.starts, self.counts = list(starts), list(counts)
@@ -95,7 +98,7 @@ class PagedBatch:
         if self.decodes:
             rows = self.decode_rows
             out[rows] = _decode(q[rows], self.pool, layer, self.block_table[self.decodes],
-                                self.decode_lens, self.decode_attention)
+                                self.decode_lens, self.decode_attention, self.window)
         for i, count in enumerate(self.counts):
             if count > 1:
                 span = slice(self.offsets[i], self.offsets[i + 1])
@@ -114,7 +117,10 @@ class PagedBatch:
         keys = keys[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
         values = values[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
         rows = torch.arange(start, length, device=q.device)[:, None]
-        mask = torch.arange(length, device=q.device)[None, :] <= rows
+        columns = torch.arange(length, device=q.device)[None, :]
+        mask = columns <= rows
+        if self.window is not None:
+            mask &= columns > rows - self.window
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
         return out.transpose(0, 1)
 
@@ -145,11 +151,13 @@ class PagedDecode:
 
 
 def _decode(q: torch.Tensor, pool: BlockPool, layer: int, block_table: torch.Tensor,
-            seq_lens: torch.Tensor, decode_attention: DecodeAttention) -> torch.Tensor:
-    """Decode attention of one query token per sequence over the pool: the kernel, or the
-    torch reference."""
+            seq_lens: torch.Tensor, decode_attention: DecodeAttention,
+            window: int | None = None) -> torch.Tensor:
+    """Decode attention of one query token per sequence over the pool (over its last
+    ``window`` positions, with a window): the kernel, or the torch reference."""
     args = (q, pool.key_cache(layer), pool.value_cache(layer), block_table, seq_lens)
+    windowed = {} if window is None else {"window": window}
     if decode_attention == "torch":
-        return paged_attention_reference(*args).to(q.dtype)
+        return paged_attention_reference(*args, **windowed).to(q.dtype)
     # The engine built the tables itself; skip the kernel's value check (a GPU sync).
-    return paged_attention_decode(*args, check_values=False)
+    return paged_attention_decode(*args, check_values=False, **windowed)

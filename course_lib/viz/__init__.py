@@ -8,7 +8,7 @@
   turn a slab allocator or a recorded simulation into frames.
 - :mod:`~course_lib.viz.timeline`: the one timeline (Play + slider) both use.
 - :mod:`~course_lib.viz.capacity`: chapter 01's capacity calculator and the
-  concurrency-against-context plot.
+  concurrency-against-context plot (``plot_hybrid_concurrency`` for chapter 08).
 - :mod:`~course_lib.viz.source`: ``show_source(obj)`` for showing library code.
 
 A displayed timeline or calculator is a static picture (what stored outputs show on GitHub
@@ -25,7 +25,12 @@ from course_lib.viz.arena_view import (
     arena_stats,
     arena_timeline,
 )
-from course_lib.viz.capacity import CapacityCalculator, plot_concurrency_vs_context
+from course_lib.viz.capacity import (
+    CapacityCalculator,
+    HybridCapacityCalculator,
+    plot_concurrency_vs_context,
+    plot_hybrid_concurrency,
+)
 from course_lib.viz.pool_view import PoolStats, pool_picture, pool_stats, pool_timeline
 from course_lib.viz.source import SourceView, show_source
 from course_lib.viz.svg import SvgPicture
@@ -35,6 +40,7 @@ __all__ = [
     "ArenaFrame",
     "ArenaStats",
     "CapacityCalculator",
+    "HybridCapacityCalculator",
     "PoolStats",
     "Reservation",
     "SourceView",
@@ -45,6 +51,7 @@ __all__ = [
     "arena_stats",
     "arena_timeline",
     "plot_concurrency_vs_context",
+    "plot_hybrid_concurrency",
     "pool_picture",
     "pool_stats",
     "pool_timeline",

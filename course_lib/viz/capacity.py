@@ -15,6 +15,7 @@ import html
 import io
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import ipywidgets as widgets
 import matplotlib
@@ -26,11 +27,15 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 from course_lib.kv_math import (
     DTYPE_BYTES,
     GIB,
+    HYBRID_MODELS,
     MODELS,
     Capacity,
+    HybridModel,
     ModelShape,
     blocks_needed,
     capacity,
+    hybrid_capacity,
+    hybrid_model,
     model_shape,
 )
 from course_lib.viz.palette import OWNER_COLORS
@@ -125,6 +130,54 @@ def plot_concurrency_vs_context(
     return ax.figure
 
 
+def plot_hybrid_concurrency(
+    models: Sequence[HybridModel] = tuple(HYBRID_MODELS.values()),
+    *,
+    dtype: str = "bf16",
+    budget_gib: float = 60.0,
+    block_size: int = 16,
+    mark: int | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Chapter 08's version of the curve: requests of each length that fit at once, for
+    hybrid models with window freeing (solid) and without (dashed, which is what the same
+    model with every layer full holds when its groups are as large). Log-log, as
+    :func:`plot_concurrency_vs_context`, whose ``mark`` it shares; returns the figure (call
+    ``plt.show()``)."""
+    if not models:
+        raise ValueError("models is empty: name at least one hybrid model to plot")
+    budget = _budget_bytes(budget_gib)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+    for i, model in enumerate(models):
+        color = OWNER_COLORS[i % len(OWNER_COLORS)]
+        caps = [hybrid_capacity(model, budget, n, block_size, dtype) for n in CONTEXT_LENGTHS]
+        label = f"{model.name}, window blocks freed"
+        if mark is not None:
+            point = hybrid_capacity(model, budget, mark, block_size, dtype)
+            ax.plot([mark], [point.blocks / point.blocks_per_request], "o", color=color,
+                    markersize=7)
+            label += f": {point.max_requests:,} at {_length_label(mark)}"
+        ax.plot(CONTEXT_LENGTHS, [c.blocks / c.blocks_per_request for c in caps], color=color,
+                linewidth=2, label=label)
+        ax.plot(CONTEXT_LENGTHS, [c.blocks / c.blocks_per_request_no_freeing for c in caps],
+                color=color, linewidth=1.5, linestyle="--", label=f"{model.name}, kept")
+    ax.axhline(1.0, color="#8c959f", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [2**k for k in range(9, 18)]
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [_length_label(t) for t in ticks])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("tokens per request")
+    ax.set_ylabel("concurrent requests")
+    ax.set_title(f"Hybrid models: {budget_gib:g} GiB of KV cache, {dtype}, blocks of "
+                 f"{block_size}", fontsize=11, loc="left")
+    ax.legend(frameon=False, fontsize=8.5)
+    return ax.figure
+
+
 def figure_svg(fig: Figure) -> str:
     """A figure as SVG text, byte-identical across runs (fixed id salt, no date)."""
     buffer = io.StringIO()
@@ -183,33 +236,40 @@ class CapacityCalculator:
              f"{n.max_requests:,} ({n.max_concurrency:.2f}x)"),
         ]
 
+    def _data(self) -> dict[str, int]:
+        """The raw numbers the HTML carries in ``data-*`` attributes."""
+        n = self.numbers
+        return {"bytes-per-token": n.bytes_per_token, "blocks": n.blocks, "tokens": n.tokens,
+                "max-requests": n.max_requests}
+
+    def _header(self) -> str:
+        """The line above the numbers: the model and the budget."""
+        return (f"{html.escape(self.shape.name)}: {self.shape.layers} layers x "
+                f"{self.shape.kv_heads} KV heads x {self.shape.head_dim} dims, {self.dtype}, "
+                f"{self.budget_gib:g} GiB")
+
     def numbers_html(self, dom_id: str = "capacity-numbers") -> str:
         """The numbers as an HTML table with stable ids and raw values in data attributes."""
-        n = self.numbers
         cells = "".join(
             f'<tr><th style="text-align:left;font-weight:normal;color:#57606a;'
             f'padding:2px 14px 2px 0">{label}</th>'
             f'<td data-key="{key}" style="text-align:right;font-weight:600">{value}</td></tr>'
             for key, label, value in self.rows()
         )
+        data = "".join(f'data-{key}="{value}" ' for key, value in self._data().items())
         return (
-            f'<div id="{dom_id}" class="capacity-numbers" '
-            f'data-bytes-per-token="{n.bytes_per_token}" data-blocks="{n.blocks}" '
-            f'data-tokens="{n.tokens}" data-max-requests="{n.max_requests}" '
+            f'<div id="{dom_id}" class="capacity-numbers" {data}'
             f'style="font-size:13px;line-height:1.5">'
-            f'<div style="font-weight:600;margin-bottom:4px">{html.escape(self.shape.name)}: '
-            f"{self.shape.layers} layers x {self.shape.kv_heads} KV heads x "
-            f"{self.shape.head_dim} dims, {self.dtype}, {self.budget_gib:g} GiB</div>"
+            f'<div style="font-weight:600;margin-bottom:4px">{self._header()}</div>'
             f"<table>{cells}</table></div>"
         )
 
     def _draw(self, fig: Figure, *, with_numbers: bool) -> Figure:
         """The curve for this model, marked at ``max_len``; the numbers to its right."""
         ax = fig.add_axes((0.08, 0.15, 0.5 if with_numbers else 0.88, 0.74))
-        plot_concurrency_vs_context([self.shape], dtype=self.dtype, budget_gib=self.budget_gib,
-                                    block_size=self.block_size, mark=self.max_len, ax=ax)
+        self._plot(ax)
         if with_numbers:
-            fig.text(0.63, 0.89, f"{self.shape.name}, {self.dtype}, {self.budget_gib:g} GiB",
+            fig.text(0.63, 0.89, f"{self.name}, {self.dtype}, {self.budget_gib:g} GiB",
                      fontsize=11, fontweight="bold", va="top")
             for i, (_, label, value) in enumerate(self.rows()):
                 y = 0.72 - i * 0.09
@@ -217,6 +277,16 @@ class CapacityCalculator:
                 fig.text(0.985, y, value, fontsize=9.5, va="baseline", ha="right",
                          fontweight="bold")
         return fig
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self.shape.name
+
+    def _plot(self, ax: Axes) -> None:
+        """The curve for this model, marked at ``max_len``."""
+        plot_concurrency_vs_context([self.shape], dtype=self.dtype, budget_gib=self.budget_gib,
+                                    block_size=self.block_size, mark=self.max_len, ax=ax)
 
     def figure(self) -> Figure:
         """The static figure as a pyplot figure (end the cell with ``plt.show()``)."""
@@ -231,8 +301,9 @@ class CapacityCalculator:
     def widget(self) -> SummaryBox:
         """Dropdowns and sliders for every input, the numbers, and the curve, wired up."""
         style = {"description_width": "initial"}
-        model = widgets.Dropdown(options=[*MODELS, CUSTOM], description="model", style=style,
-                                 value=self.shape.name if self.shape.name in MODELS else CUSTOM)
+        model = widgets.Dropdown(options=[*MODELS, *HYBRID_MODELS, CUSTOM], description="model",
+                                 style=style, value=self.name if self.name in MODELS
+                                 or self.name in HYBRID_MODELS else CUSTOM)
         dtype = widgets.Dropdown(options=list(DTYPE_BYTES), value=self.dtype,
                                  description="dtype", style=style)
         shape_sliders = {
@@ -270,9 +341,9 @@ class CapacityCalculator:
                               **values)
 
         def update(_change: object = None) -> None:
-            calc = CapacityCalculator(current_shape(), dtype=dtype.value,
-                                      budget_gib=budget.value, block_size=block.value,
-                                      max_len=max_len.value)
+            chosen = HYBRID_MODELS.get(model.value) or current_shape()
+            calc = calculator(chosen, dtype=dtype.value, budget_gib=budget.value,
+                              block_size=block.value, max_len=max_len.value)
             numbers.value = calc.numbers_html()
             svg = figure_svg(calc._draw(Figure(figsize=(5.6, 3.2)), with_numbers=False))
             encoded = base64.b64encode(svg.encode()).decode()
@@ -286,8 +357,9 @@ class CapacityCalculator:
                 return
             if model.value != CUSTOM:
                 syncing = True
+                preset = MODELS.get(model.value) or HYBRID_MODELS[model.value]
                 for key, slider in shape_sliders.items():
-                    slider.value = getattr(MODELS[model.value], key)
+                    slider.value = getattr(preset, key)
                 syncing = False
             update()
 
@@ -295,7 +367,7 @@ class CapacityCalculator:
             nonlocal syncing
             if syncing:
                 return
-            preset = MODELS.get(model.value)
+            preset = MODELS.get(model.value) or HYBRID_MODELS.get(model.value)
             if preset is None or any(getattr(preset, k) != s.value
                                      for k, s in shape_sliders.items()):
                 syncing = True
@@ -320,3 +392,65 @@ class CapacityCalculator:
         update()
         return box
 
+
+
+class HybridCapacityCalculator(CapacityCalculator):
+    """The calculator for a hybrid model (chapter 08): requests of ``max_len`` tokens, with
+    window layers handing back the blocks their window has passed, and without."""
+
+    def __init__(self, model: str | HybridModel, *, dtype: str = "bf16",
+                 budget_gib: float = 60.0, block_size: int = 16, max_len: int = 8192) -> None:
+        self.model = hybrid_model(model) if isinstance(model, str) else model
+        self.shape = ModelShape(self.model.name, self.model.layers, self.model.q_heads,
+                                self.model.kv_heads, self.model.head_dim, self.model.source)
+        self.dtype, self.budget_gib = dtype, budget_gib
+        self.block_size, self.max_len = block_size, max_len
+        self.hybrid = hybrid_capacity(self.model, _budget_bytes(budget_gib), max_len,
+                                      block_size, dtype)
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self.model.name
+
+    def __repr__(self) -> str:
+        n = self.hybrid
+        return (f"{self.name}, {self.dtype}, {self.budget_gib:g} GiB, blocks of "
+                f"{self.block_size}, {self.max_len:,} tokens: "
+                f"{n.kv_bytes_exact / self.max_len:,.0f} B/token · {n.blocks:,} blocks · "
+                f"{n.max_requests:,} requests ({n.max_requests_no_freeing:,} without freeing)")
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(key, label, value) for each number the calculator shows."""
+        n = self.hybrid
+        return [
+            ("bytes_per_token", f"KV bytes per token at {self.max_len:,}",
+             f"{n.kv_bytes_exact / self.max_len:,.0f} B"),
+            ("request_bytes", f"one {self.max_len:,}-token request", _bytes_label(
+                n.blocks_per_request * n.block_bytes)),
+            ("blocks", f"blocks of {_bytes_label(n.block_bytes)}", f"{n.blocks:,}"),
+            ("tokens", "blocks per request", f"{n.blocks_per_request:,} "
+                                             f"({n.blocks_per_request_no_freeing:,} kept)"),
+            ("max_requests", f"{self.max_len:,}-token requests at once",
+             f"{n.max_requests:,} ({n.max_requests_no_freeing:,} without freeing)"),
+        ]
+
+    def _data(self) -> dict[str, int]:
+        n = self.hybrid
+        return {"bytes-per-token": n.kv_bytes_exact // self.max_len, "blocks": n.blocks,
+                "tokens": n.blocks * self.block_size, "max-requests": n.max_requests}
+
+    def _header(self) -> str:
+        groups = ", ".join(g.kind for g in self.model.kv_cache_groups())
+        return (f"{html.escape(self.name)}: {self.model.layers} layers in groups [{groups}], "
+                f"{self.dtype}, {self.budget_gib:g} GiB")
+
+    def _plot(self, ax: Axes) -> None:
+        plot_hybrid_concurrency([self.model], dtype=self.dtype, budget_gib=self.budget_gib,
+                                block_size=self.block_size, mark=self.max_len, ax=ax)
+
+
+def calculator(model: str | ModelShape | HybridModel, **options: Any) -> CapacityCalculator:
+    """The calculator for ``model``: a preset name (plain or hybrid) or a shape."""
+    hybrid = isinstance(model, HybridModel) or (isinstance(model, str) and model in HYBRID_MODELS)
+    return (HybridCapacityCalculator if hybrid else CapacityCalculator)(model, **options)
