@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from course_lib.attention import paged_attention_decode
 from course_lib.grading import chapter_exercises, find_exercise
 from course_lib.grading.ch08 import FRESH
 from course_lib.grading.check import CheckResult, Exercise, evaluate, judge, observe
 from course_lib.kv_math import blocks_needed
+from tests.mutants.ch06 import launch_splits
 
 # isort: split
 # Triton after course_lib.attention, which switches the interpreter on without a GPU.
@@ -208,12 +208,13 @@ def windowed(mistake: int = NONE) -> Any:
     return windowed_decode
 
 
-def library_windowed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     tables: torch.Tensor, lens: torch.Tensor, scale: float,
-                     window: int) -> torch.Tensor:
-    """Another design: the course's split-KV kernel with three splits."""
-    return paged_attention_decode(q, k_cache, v_cache, tables, lens, scale, num_splits=3,
-                                  window=window)
+def block_walk_windowed(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        tables: torch.Tensor, lens: torch.Tensor, scale: float,
+                        window: int) -> torch.Tensor:
+    """Another design: chapter 06's block-walking kernel (whole blocks, base 2, no tl.dot)
+    starting at the window, one split."""
+    out, _ = launch_splits(q, k_cache, v_cache, tables, lens, scale, 1, None, window=window)
+    return out[:, :, 0]
 
 
 # --- the tests ------------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ OTHER_DESIGNS = [
     ("08.bytes_at_length", bytes_by_counting),
     ("08.window_free", window_free_by_positions),
     ("08.prefix_hit", prefix_hit_upward),
-    ("08.windowed_decode", library_windowed),
+    ("08.windowed_decode", block_walk_windowed),
 ]
 
 MISTAKES = [  # (exercise, answer, cases passed, text the report must show)

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 from course_lib.attention import kernel_device, paged_attention_reference
-from course_lib.grading.ch06 import DecodeInputs, _decode_inputs, _tensor_case, _tolerance
+from course_lib.grading.ch06 import (
+    DecodeInputs,
+    Want,
+    _decode_inputs,
+    _tensor_case,
+    _tolerance,
+)
 from course_lib.grading.check import Case, Exercise, Raises
 from course_lib.hybrid import first_needed_block, hit_blocks
 from course_lib.kv_math import HYBRID_MODELS, HybridModel
@@ -252,8 +258,9 @@ def _window_case(inputs: DecodeInputs, window: int, label: str) -> Case:
     return _tensor_case(
         f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, window={window})  # {label}: "
         f"{inputs.describe()}",
-        lambda fn: fn(*inputs.on(kernel_device()), window), {"out": want}, _WINDOW_HINT,
-        *_tolerance(inputs.q.dtype), "paged_attention_reference with the window")
+        lambda fn: fn(*inputs.on(kernel_device()), window),
+        [Want("out", want, ("b", "h"), "float32")], _WINDOW_HINT,
+        *_tolerance(inputs.q.dtype), "paged_attention_reference with the window", kernel=True)
 
 
 _WINDOW_SETTINGS = (

@@ -234,13 +234,15 @@ async def _grade_all(subs: list[Submission], limits: Limits, bwrap: str | None, 
     loop = asyncio.get_running_loop()
     chapters = sorted({sub.chapter for sub in subs})
     built = await asyncio.gather(*(loop.run_in_executor(None, build_chapter, c, report.seed)
-                                   for c in chapters))
+                                   for c in chapters), return_exceptions=True)
     cases = dict(zip(chapters, built, strict=True))
     gate, done = asyncio.Semaphore(jobs), [0]
 
     async def one(sub: Submission) -> list[GradeRow]:
         async with gate:
             try:
+                if isinstance(cases[sub.chapter], BaseException):
+                    raise cases[sub.chapter]
                 kernel = Kernel(cases[sub.chapter].library, bwrap)
                 return await grade_submission(sub, cases[sub.chapter], limits, kernel)
             except Exception as error:  # a grader bug: report it, grade the others

@@ -116,14 +116,15 @@ def split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr,
 
 @triton.jit
 def block_walk_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr, scale,
-                      num_splits,
+                      num_splits, window,
                       stride_qb, stride_qh, stride_qd, stride_kb, stride_kt, stride_kh,
                       stride_kd, stride_vb, stride_vt, stride_vh, stride_vd, stride_tb,
                       stride_tn,
                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr):
     """Another design: one whole block per step (a scalar block id), base-2 exponentials, no
-    tl.dot (broadcast products summed), and the log-sum-exp converted back to natural log."""
+    tl.dot (broadcast products summed), and the log-sum-exp converted back to natural log.
+    Only the last ``window`` tokens of a sequence are attended to (chapter 08)."""
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -131,6 +132,7 @@ def block_walk_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse
     share = tl.cdiv(seq_len, num_splits)
     lo = tl.minimum(split * share, seq_len)
     hi = tl.minimum(lo + share, seq_len)
+    lo = tl.minimum(tl.maximum(lo, seq_len - window), hi)
     rows = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + rows
     dims = tl.arange(0, HEAD_DIM)
@@ -170,9 +172,11 @@ def block_walk_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, lse
 
 def launch_splits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   tables: torch.Tensor, lens: torch.Tensor, scale: float, num_splits: int,
-                  mistake: int | None, pad_to_16: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each split's output and lse; ``mistake=None`` runs the block-walking design;
-    ``pad_to_16=False`` pads the query rows only to a power of two (tl.dot rows below 16)."""
+                  mistake: int | None, pad_to_16: bool = True,
+                  window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's output and lse; ``mistake=None`` runs the block-walking design (which
+    also takes a ``window``); ``pad_to_16=False`` pads the query rows only to a power of two
+    (tl.dot rows below 16)."""
     batch, q_heads, head_dim = q.shape
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
@@ -185,7 +189,8 @@ def launch_splits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size, "enable_fp_fusion": True}
     grid = (batch, kv_heads, num_splits)
     if mistake is None:
-        block_walk_kernel[grid](*args, **sizes)
+        reach = int(lens.max()) + 1 if window is None else window
+        block_walk_kernel[grid](*args[:9], reach, *args[9:], **sizes)
     else:
         split_kernel[grid](*args, **sizes, TILE_N=16, MISTAKE=mistake)
     return part_out, part_lse
