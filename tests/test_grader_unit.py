@@ -17,6 +17,7 @@ from course_lib.__main__ import main
 from course_lib.grading import GRADING_ENV, check, find_exercise
 from course_lib.grading.check import NotPlainData, observe, to_plain
 from course_lib.grading.grade import GradeRow, judge_harvest
+from course_lib.grading.grade import score as grade_score
 from course_lib.grading.report import output_paths, safe_cell, summary, write_csv
 from course_lib.grading.source import (
     MAX_CODE_CELLS,
@@ -99,7 +100,18 @@ def test_judging_a_harvest_scores_in_this_process() -> None:
         1.0, "passed", "", "")
     score, status, reason, flag = judge_harvest(
         json.dumps(_harvest("00.to_kib", lambda n: n // 1024)), cases)
-    assert (score, status, flag) == (0.6, "failed", "") and "3/5 cases passed" in reason
+    assert (score, status, flag) == (0.6, "failed", "") and "3/5 fixed cases passed" in reason
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.booleans(), max_size=8))
+def test_no_score_exceeds_the_share_of_fresh_cases(fixed: list[bool], fresh: list[bool]) -> None:
+    """Answers copied from check's reports pass the fixed cases only: they earn nothing."""
+    share, text = grade_score([*fixed, *fresh], len(fixed))
+    assert share <= sum(fixed) / len(fixed)
+    if fresh:
+        assert share <= sum(fresh) / len(fresh)
+        assert f"{sum(fresh)}/{len(fresh)} fresh" in text
+    assert grade_score([True] * 5 + [False] * 3, 5)[0] == 0.0
 
 
 @pytest.mark.parametrize("damage", [
@@ -121,7 +133,7 @@ def test_malformed_harvests_score_zero_never_crash(damage: object) -> None:
 
 
 def _trees(*cells: str) -> list:
-    return parse_cells(list(cells))
+    return list(parse_cells(list(cells)))
 
 
 def test_the_last_check_per_exercise_is_graded_and_magics_parse() -> None:
@@ -164,7 +176,20 @@ def test_every_notebook_shape_is_refused_with_a_reason(cells: object, message: s
 
 def test_a_huge_cell_runs_but_is_not_searched() -> None:
     huge = "x = 1\n" * 100_000 + 'check("00.to_kib", f)'
-    assert parse_cells([huge]) == [None]
+    assert list(parse_cells([huge])) == [None]
+    many = ["a = [" + "1," * 30_000 + "]"] * 40 + ['check("00.to_kib", f)']
+    assert graded_checks(parse_cells(many), ["00.to_kib"]) == {}  # past the notebook's budget
+
+
+@pytest.mark.parametrize(("cell", "expression"), [
+    ('check("00.to_kib", f)', "f"), ('check("00.to_kib", obj=f)', "f"),
+    ('check(name="00.to_kib", obj=g)', "g"), ('check("00.to_kib", f, obj=g)', None),
+    ('check("00.to_kib")', None), ('check("00.to_kib", ' + "1+" * 2000 + "1)", None),
+])
+def test_checks_by_position_or_keyword_and_too_deep_to_read(cell: str,
+                                                            expression: str | None) -> None:
+    found = graded_checks(_trees(cell), ["00.to_kib"]).get("00.to_kib")
+    assert (found and found.expression) == expression
 
 
 def _nb() -> str:

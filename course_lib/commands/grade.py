@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from course_lib.grading.grade import grade_folder
     from course_lib.grading.report import output_paths, summary, write_csv
     from course_lib.grading.sandbox import SandboxUnavailable, check_available
+    from course_lib.grading.submissions import printable
 
     if not args.submissions.is_dir():
         raise ValueError(f"submissions folder {str(args.submissions)!r} does not exist")
@@ -96,5 +97,5 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     print(f"\nwrote {csv_path} and {summary_path}")
     for problem in report.problems:
-        print(f"grading problem: {problem}", file=sys.stderr)
+        print(f"grading problem: {printable(problem)}", file=sys.stderr)
     return 1 if report.problems else 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -295,9 +294,8 @@ def _window_fresh(seed: int) -> list[Case]:
 
 def _exercise(name: str, title: str, cases: Callable[[], Sequence[Case]],
               fresh: Callable[[int], Sequence[Case]], reference: tuple[str, ...]) -> Exercise:
-    """An Exercise with its fresh cases, where ``Exercise`` has that field (issue 19)."""
-    extra = {"fresh": fresh} if "fresh" in {f.name for f in fields(Exercise)} else {}
-    return Exercise(name, title, cases, reference=reference, **extra)
+    """An Exercise with its fresh cases."""
+    return Exercise(name, title, cases, reference=reference, fresh=fresh)
 
 
 FRESH: dict[str, Callable[[int], Sequence[Case]]] = {
@@ -317,8 +315,10 @@ _KERNELS = ("course_lib.attention.paged_attention_decode", "course_lib.attention
 EXERCISES = (
     _exercise("08.bytes_at_length", "KV bytes per token of a hybrid model at L tokens",
               _bytes_cases, _bytes_fresh,
-              ("course_lib.kv_math.HybridModel", "course_lib.kv_math.window_tokens",
-               "course_lib.kv_math.hybrid_capacity")),
+              ("course_lib.kv_math.HybridModel.kv_bytes",
+               "course_lib.kv_math.HybridModel.bytes_per_token",
+               "course_lib.kv_math.HybridModel.blocks_per_request",
+               "course_lib.kv_math.window_tokens", "course_lib.kv_math.hybrid_capacity")),
     _exercise("08.window_free", "What a window group hands back, from its specification",
               _free_cases, _free_fresh, _HYBRID),
     _exercise("08.prefix_hit", "The prefix hit across KV-cache groups, from its specification",

@@ -97,8 +97,14 @@ def with_harvests(sources: list[str], harvests: Mapping[str, Harvest],
     return nbformat.v4.new_notebook(cells=cells), harvest_at
 
 
+_OUTPUTS = frozenset({"stream", "display_data", "execute_result", "update_display_data",
+                      "clear_output", "error", "comm_open", "comm_msg", "comm_close"})
+"""Messages that carry a cell's output or widget state: counted against the caps."""
+
+
 class _LimitedClient(NotebookClient):
-    """nbclient that keeps only errors of learner cells and caps all output by size."""
+    """nbclient that caps every output and widget message by size, and keeps of the learner's
+    cells only their errors (nothing else a learner prints is ever stored)."""
 
     def __init__(self, notebook: Any, harvest_at: Mapping[int, str], limits: Limits,
                  on_over: Any, **kwargs: Any) -> None:
@@ -106,21 +112,24 @@ class _LimitedClient(NotebookClient):
         self.harvest_at, self.limits, self.on_over = harvest_at, limits, on_over
         self.learner_bytes, self.harvest_bytes, self.over = 0, 0, ""
 
-    def output(self, outs: list[Any], msg: dict[str, Any], display_id: str | None,
-               cell_index: int) -> Any:
+    def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        kind = msg.get("msg_type")
+        if kind not in _OUTPUTS:
+            return super().process_message(msg, cell, cell_index)
+        harvest = cell_index in self.harvest_at
         size = len(json.dumps(msg.get("content", {}), default=str))
-        if cell_index in self.harvest_at:
+        if harvest:
             self.harvest_bytes += size
             over = self.harvest_bytes > self.limits.harvest_mb << 20
         else:
             self.learner_bytes += size
             over = self.learner_bytes > self.limits.output_mb << 20
         if over and not self.over:
-            self.over = "harvest" if cell_index in self.harvest_at else "output"
+            self.over = "harvest" if harvest else "output"
             self.on_over()
-        if self.over or (cell_index not in self.harvest_at and msg["msg_type"] != "error"):
+        if self.over or not (harvest or kind == "error"):
             return None
-        return super().output(outs, msg, display_id, cell_index)
+        return super().process_message(msg, cell, cell_index)
 
 
 def _kernel_env(layout: Layout) -> dict[str, str]:
@@ -217,6 +226,11 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
         except (CellTimeoutError, DeadKernelError) as error:
             if not result.status:
                 result.status, result.problem = _why(error, limits)
+        except Exception as error:  # nbclient choked on a message the kernel forged
+            await _kill(km)
+            if not result.status:
+                result.status = "kernel died"
+                result.problem = f"the kernel broke Jupyter's protocol ({type(error).__name__})"
     finally:
         client.kc.stop_channels()
     if client.over:

@@ -58,9 +58,11 @@ class GradeReport:
 
 @dataclass(frozen=True)
 class ChapterCases:
-    """One chapter's cases, built here: per exercise the cases and their shipped form."""
+    """One chapter's cases, built here: per exercise the cases (the fixed ones first, then
+    those drawn fresh), how many are fixed, their shipped form; the sandbox's library."""
 
     cases: Mapping[str, list[Case]]
+    fixed: Mapping[str, int]
     shipped: Mapping[str, str]
     library: Mapping[str, bytes]
 
@@ -68,15 +70,33 @@ class ChapterCases:
 def build_chapter(chapter: str, seed: int) -> ChapterCases:
     """Every exercise's cases in ``chapter`` (expected values computed here), what is shipped
     of them, and the library the chapter's sandbox sees."""
-    cases = {e.name: exercise_cases(e, seed) for e in chapter_exercises(chapter)}
+    exercises = chapter_exercises(chapter)
+    cases = {e.name: exercise_cases(e, seed) for e in exercises}
+    fixed = {e.name: len(exercise_cases(e)) for e in exercises}
     modules = [module for name, module in sorted(sys.modules.items())
                if is_exercise_module(name)]
-    return ChapterCases(cases, {name: ship(found, modules) for name, found in cases.items()},
+    return ChapterCases(cases, fixed,
+                        {name: ship(found, modules) for name, found in cases.items()},
                         library_copy(chapter))
 
 
-def judge_harvest(text: str, cases: Sequence[Case]) -> tuple[float, str, str, str]:
-    """(score, status, reason, flag) from one harvest's JSON, validated strictly first."""
+def score(passed: Sequence[bool], fixed: int) -> tuple[float, str]:
+    """(score, what passed): the lower of the shares of fixed and of fresh cases passed.
+
+    The fixed cases are those a learner's ``check`` shows, expected values included; only
+    the fresh ones, drawn for this run, show that the code computes the answers itself, so
+    no score can exceed their share.
+    """
+    old, new = passed[:fixed], passed[fixed:]
+    shares = [sum(part) / len(part) for part in (old, new) if part]
+    text = f"{sum(old)}/{len(old)} fixed" + (f" and {sum(new)}/{len(new)} fresh" if new else "")
+    return min(shares, default=0.0), f"{text} cases passed"
+
+
+def judge_harvest(text: str, cases: Sequence[Case],
+                  fixed: int | None = None) -> tuple[float, str, str, str]:
+    """(score, status, reason, flag) from one harvest's JSON, validated strictly first;
+    ``fixed`` counts the leading fixed cases (all of them when None)."""
     try:
         payload = json.loads(text)
     except (ValueError, RecursionError):
@@ -93,15 +113,15 @@ def judge_harvest(text: str, cases: Sequence[Case]) -> tuple[float, str, str, st
     if extra != {"observations"} or not _valid_observations(observations, len(cases)):
         return 0.0, "invalid result", "the harvest's observations are malformed", ""
     results = [judge(case, obs) for case, obs in zip(cases, observations, strict=True)]
-    passed = sum(r.passed for r in results)
     withheld = [withheld_name(obs) for obs in observations if uses_withheld(obs)]
     flag, reason = ("reference", f"{REFERENCE} ({withheld[0]} is not available while grading)"
                     ) if withheld else ("", "")
-    if passed == len(cases):
+    if all(r.passed for r in results):
         return 1.0, "passed", reason, flag
+    share, passed = score([r.passed for r in results], len(cases) if fixed is None else fixed)
     failed = next(r for r in results if not r.passed)
-    reason = reason or f"{passed}/{len(cases)} cases passed; first failure: {failed.call[:120]}"
-    return passed / len(cases), "flagged" if flag else "failed", reason, flag
+    reason = reason or f"{passed}; first failure: {failed.call[:120]}"
+    return share, "flagged" if flag else "failed", reason, flag
 
 
 def _valid_observations(observations: Any, count: int) -> bool:
@@ -157,7 +177,8 @@ def _rows(sub: Submission, exercises: Sequence[Exercise], cases: ChapterCases,
             continue
         text = execution.harvests.get(exercise.name)
         rows.append(_exercise_row(base, text is not None, execution,
-                                  lambda t=text, e=exercise: judge_harvest(t, cases.cases[e.name])))
+                                  lambda t=text, e=exercise: judge_harvest(
+                                      t, cases.cases[e.name], cases.fixed[e.name])))
     return rows
 
 

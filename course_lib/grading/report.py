@@ -3,7 +3,8 @@
 The CSV is safe to open in a spreadsheet: a cell that would start a formula (``=``, ``+``,
 ``-``, ``@``, tab, carriage return) is prefixed with ``'``. The summary beside it lists
 each learner's total and each exercise's pass rate across the class. Learner and file
-names arrive escaped (``submissions.shown``), so no name can break a line of either.
+names and reasons are escaped (``submissions.printable``), so no learner can break a line
+of either or send a terminal escape.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from course_lib.grading.grade import GradeRow
+from course_lib.grading.submissions import printable
 
 COLUMNS = ("learner", "chapter", "notebook", "exercise", "score", "status", "reason", "flag")
 
@@ -38,7 +40,8 @@ def output_paths(out: Path, submissions: Path) -> tuple[Path, Path]:
 
 
 def safe_cell(text: str) -> str:
-    """``text`` as a spreadsheet shows it, never as a formula."""
+    """``text`` as one printable line a spreadsheet shows as it is, never as a formula."""
+    text = printable(text)
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
@@ -74,7 +77,7 @@ def summary(rows: Sequence[GradeRow], seed: int) -> str:
     notes = [row for row in rows if not row.exercise]
     if notes:
         lines.append("Files not graded:")
-        lines += [f"  {row.learner}: {row.status}: {row.reason}" for row in notes]
+        lines += [f"  {row.learner}: {row.status}: {printable(row.reason)}" for row in notes]
     flagged = sorted({(row.learner, row.exercise) for row in scored if row.flag})
     if flagged:
         lines.append("Flagged (uses the reference implementation):")

@@ -12,13 +12,16 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 MAX_CODE_CELLS = 2_000
 """Most code cells a graded notebook may have (the course's have fewer than 100)."""
 MAX_PARSED_CHARS = 200_000
 """Longest cell read for ``check`` calls; a longer one still runs, but is not searched."""
+MAX_PARSED_TOTAL = 2_000_000
+"""Most characters of one notebook read for ``check`` calls (the course's have about 100,000);
+the cells after that still run, but are not searched."""
 
 _TIMED = re.compile(r"^(\s*)%(?:time|timeit|prun)\b(?:\s+-\S+)*\s?(.*)$")
 _MAGIC = re.compile(r"^(\s*)(?:(\w[\w\s,]*=)\s*)?[%!]")
@@ -82,29 +85,45 @@ def python_of(cell: str) -> str:
     return "\n".join(out)
 
 
-def parse_cells(sources: Sequence[str]) -> list[ast.Module | None]:
-    """Each code cell as a syntax tree; None if it is not Python or too long to search."""
-    trees: list[ast.Module | None] = []
+def parse_cells(sources: Sequence[str]) -> Iterator[ast.Module | None]:
+    """Each code cell as a syntax tree, one at a time; None where it is not Python, too long
+    to search, or past the notebook's :data:`MAX_PARSED_TOTAL`."""
+    budget = MAX_PARSED_TOTAL
     for source in sources:
+        budget -= len(source)
         try:
-            tree = ast.parse(python_of(source)) if len(source) <= MAX_PARSED_CHARS else None
+            yield ast.parse(python_of(source)) if (
+                len(source) <= MAX_PARSED_CHARS and budget >= 0) else None
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            tree = None
-        trees.append(tree)
-    return trees
+            yield None
 
 
-def graded_checks(trees: Sequence[ast.Module | None],
+def graded_checks(trees: Iterable[ast.Module | None],
                   names: Iterable[str]) -> dict[str, GradedCheck]:
-    """Exercise name -> its last ``check(name, EXPR)`` call, in cell order."""
+    """Exercise name -> its last ``check(name, EXPR)`` (or ``check(name, obj=EXPR)``) call,
+    in cell order; an expression too deep to write back is not a graded one."""
     wanted, found = set(names), {}
     for index, tree in enumerate(trees):
         for node in ast.walk(tree) if tree else ():
-            if (isinstance(node, ast.Call) and _call_name(node) == "check" and len(node.args) == 2
-                    and isinstance(node.args[0], ast.Constant)
-                    and node.args[0].value in wanted):
-                found[node.args[0].value] = GradedCheck(index, ast.unparse(node.args[1]))
+            args = _check_args(node)
+            if args and isinstance(args[0], ast.Constant) and args[0].value in wanted:
+                try:
+                    found[args[0].value] = GradedCheck(index, ast.unparse(args[1]))
+                except RecursionError:
+                    continue
     return found
+
+
+def _check_args(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
+    """(name, object) of a ``check`` call, given by position or by keyword."""
+    if not (isinstance(node, ast.Call) and _call_name(node) == "check") or len(node.args) > 2:
+        return None
+    given = dict(zip(("name", "obj"), node.args, strict=False))
+    for keyword in node.keywords:
+        if keyword.arg not in ("name", "obj") or keyword.arg in given:
+            return None
+        given[keyword.arg] = keyword.value
+    return (given["name"], given["obj"]) if len(given) == 2 else None
 
 
 def _call_name(node: ast.Call) -> str:

@@ -52,12 +52,19 @@ class Inventory:
     notes: list[FileNote] = field(default_factory=list)
 
 
-def shown(name: str) -> str:
-    """A file-system name as one line of printable text: invalid UTF-8 bytes and characters
-    that are not printable (newlines, terminal escapes) escaped as ``\\xNN``/``\\uNNNN``."""
-    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+def printable(text: str) -> str:
+    """``text`` as one line of printable text: characters that are not printable (newlines,
+    terminal escapes, lone surrogates) escaped as ``\\xNN``/``\\uNNNN``."""
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
                    for c in text)
+
+
+def shown(name: str) -> str:
+    """A file-system name as one line of printable text, told apart from every other name:
+    backslashes doubled, then invalid UTF-8 bytes and unprintable characters escaped."""
+    raw = os.fsencode(name)
+    text = raw.replace(b"\\", b"\\\\").decode("utf-8", "backslashreplace")
+    return printable(text)
 
 
 def _notebooks(folder: Path) -> list[Path]:
