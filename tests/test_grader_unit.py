@@ -205,13 +205,19 @@ def test_inventory_accounts_for_every_file(tmp_path: Path) -> None:
     (alice / ".ipynb_checkpoints" / "01_a-checkpoint.ipynb").write_text(_nb())
     os.mkdir(os.fsencode(tmp_path) + b"/caf\xe9")
     (tmp_path / "02_loose.ipynb").write_text(_nb())
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "01_a.ipynb").write_text(_nb())
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "linked").symlink_to(alice)
+    (tmp_path / "caf\\xe9").mkdir()  # spelled as the other one is shown: still another name
     inventory = find_submissions(tmp_path, ("01", "02"))
-    assert inventory.learners == ["alice", "caf\\xe9"]
+    assert inventory.learners == ["alice", "caf\\\\xe9", "caf\\xe9"]
     assert list(inventory.graded) == [("alice", "01")]
     notes = {(n.name, n.status) for n in inventory.notes}
     assert notes == {("01_b.ipynb", "duplicate"), ("notes.ipynb", "misnamed"),
                      ("99_extra.ipynb", "misnamed"), ("sub/02_x.ipynb", "misnamed"),
-                     ("02_loose.ipynb", "misnamed")}
+                     ("02_loose.ipynb", "misnamed"), (".hidden", "misnamed"),
+                     ("linked", "misnamed")}
 
 
 def test_a_sparse_giant_is_never_read_whole(tmp_path: Path) -> None:

@@ -368,7 +368,7 @@ EXERCISES = (
                         "course_lib.kv_math.capacity", "course_lib.engine.config_from_hf"),
              fresh=_bytes_per_token_fresh),
     Exercise("01.blocks_needed", "Blocks for a sequence", _blocks_needed_cases,
-             reference=("course_lib.kv_math.blocks_needed",
+             reference=("course_lib.kv_math.blocks_needed", "course_lib.kv_math.window_blocks",
                         "course_lib.paged.PagedKVManager.blocks_needed"),
              fresh=_blocks_needed_fresh),
     Exercise("01.max_requests", "Requests that fit at a maximum length", _max_requests_cases,

@@ -917,6 +917,7 @@ EXERCISES = (
              reference=("course_lib.paged.PagedKVManager.append_tokens",), fresh=_append_fresh),
     Exercise("04.block_hashes", "The block-hash chain", _block_hashes_cases,
              reference=("course_lib.prefix_cache.block_hashes",
+                        "course_lib.prefix_cache.extend_chain",
                         "course_lib.prefix_cache.PrefixCachingKVManager"),
              fresh=_block_hashes_fresh),
     Exercise("04.longest_cached_prefix", "Longest cached prefix", _lookup_cases,

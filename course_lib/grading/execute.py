@@ -44,6 +44,7 @@ class Limits:
     memory_mb: int = GRADER_MEMORY_MB
     output_mb: int = 16
     harvest_mb: int = 64
+    work_mb: int = 512
     startup: float = 120.0
 
 
@@ -148,10 +149,11 @@ def _prepare(root: Path, kernel: Kernel, limits: Limits) -> tuple[Layout, dict[s
     return the layout and the environment the kernel is started with."""
     layout = Layout(root / "lib", root / "work", root / "run")
     write_library(kernel.library, layout.library)
-    (layout.work / "tmp").mkdir(parents=True)
     layout.run.mkdir()
+    (layout.work / "tmp").mkdir(parents=True)  # in a sandbox, hidden by its own work folder
     env = _kernel_env(layout)
-    argv = kernel_argv(kernel.bwrap, layout, limits.memory_mb, max(limits.output_mb, 64), env)
+    argv = kernel_argv(kernel.bwrap, layout, limits.memory_mb, max(limits.output_mb, 64),
+                       limits.work_mb, env)
     spec = root / "kernels" / KERNEL
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps(

