@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from course_lib.kv_math import GIB
 from course_lib.paged import BlockPool
 from course_lib.prefix_cache import BlockHash, block_hashes
 from course_lib.router import (
@@ -38,7 +39,7 @@ from course_lib.router import (
     prefix_aware_choice,
 )
 from course_lib.serving import Sample, ServingCore, ServingRequest
-from course_lib.simulator import Positions, SimConfig
+from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
 from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats
 from course_lib.validate import check_int, check_non_negative_number, describe
 from course_lib.workload import Request, check_trace_size, validate_trace
@@ -81,6 +82,15 @@ class ClusterConfig:
     def gpu_pool_bytes(self) -> int:
         """One replica's GPU pool in bytes (the null block excluded)."""
         return (self.server.num_blocks - 1) * self.block_bytes
+
+
+STUDY_CLUSTER = ClusterConfig(
+    replicas=8,
+    server=SimConfig(budget_bytes=4 * GIB, prefix_caching=True, costs=ROOFLINE_COSTS),
+)
+"""Chapter 09's study: 8 replicas of a 4 GiB KV pool (32,768 tokens of the guide's model),
+prefix caching on, the roofline cost model (prefill is not free), prefix-aware routing;
+the multi-turn preset (``course_lib.workload.multi_turn``) is its traffic."""
 
 
 CLUSTER_METRICS: dict[str, str] = {
