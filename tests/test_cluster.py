@@ -177,3 +177,24 @@ def test_bad_calls() -> None:
         simulate_cluster([Request(0, 2, 2)], SimConfig())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="every request was rejected"):
         simulate_cluster([Request(0, 9000, 2)], ClusterConfig(server=server()))
+
+
+def test_replica_pools_draw_every_replica_in_one_row() -> None:
+    from course_lib.viz.replicas import replica_pools
+
+    frames = []
+
+    def observe(t: int, reps: list[Replica], index: PrefixIndex) -> None:
+        if t == 10:
+            for k, replica in enumerate(reps):
+                replica.core.sync_all()
+                frames.append(replica.core.manager.snapshot(f"replica {k}"))
+
+    simulate_cluster(multi_turn(6, shape=SMALL), ClusterConfig(replicas=2, server=server()),
+                     observer=observe)
+    picture = replica_pools(frames, title="two replicas")
+    assert picture.svg.count('class="course-pool"') == 2
+    assert repr(picture).splitlines()[0] == "two replicas" and len(repr(picture).splitlines()) == 3
+    assert picture.svg == replica_pools(frames, title="two replicas").svg
+    with pytest.raises(ValueError, match="at least one snapshot"):
+        replica_pools([], title="none")
