@@ -312,8 +312,9 @@ class _Router:
         self.ring = HashRing(range(config.replicas), config.vnodes)
         self.index = PrefixIndex(config.replicas, config.server.block_size)
 
-    def route(self, request: Request, session: int, chain: list[BlockHash],
-              replicas: list[Replica]) -> int:
+    def route(self, session: int, chain: list[BlockHash], replicas: list[Replica]) -> int:
+        """The replica for a request of conversation ``session`` whose prompt's full blocks
+        hash to ``chain`` (prefix-aware routing only)."""
         policy = self.config.policy
         if policy == "round-robin":
             self.turn += 1
@@ -429,7 +430,7 @@ class _ClusterRun:
         chain = []
         if self.config.policy == "prefix-aware":
             chain = self.chains[i] = self._prompt_chain(request)
-        r = self.router.route(request, self.sessions[i], chain, self.replicas)
+        r = self.router.route(self.sessions[i], chain, self.replicas)
         self.replica_of[i], self.arrival[i] = r, t
         self.replicas[r].add(i, request)
 

@@ -49,6 +49,7 @@ MAX_CONVERSATIONS = 2000
 study uses 1,000): the run stays within seconds."""
 
 COST_MODELS: dict[str, CostModel] = {"source": CostModel(), "roofline": ROOFLINE_COSTS}
+"""The cost models ``route`` and ``simulate`` offer by name."""
 TRACE_SOURCES = ("multi-turn", *sorted(WORKLOADS))
 
 

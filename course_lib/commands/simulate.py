@@ -23,17 +23,14 @@ from course_lib.commands.kv_size import (
     budget_blocks,
     per_token_bytes_from,
 )
-from course_lib.commands.route import TRACE_SOURCES, cluster_payload, render_cluster
+from course_lib.commands.route import COST_MODELS, TRACE_SOURCES, cluster_payload, render_cluster
 from course_lib.kv_math import GIB
 from course_lib.limits import MAX_BUDGET_GIB, MAX_INT, MAX_POOL_BLOCKS
 from course_lib.scheduler import POLICIES, PREEMPTION_MODES, SchedulerConfig
-from course_lib.simulator import ALLOCATORS, ROOFLINE_COSTS, CostModel, SimConfig, simulate
+from course_lib.simulator import ALLOCATORS, SimConfig, simulate
 from course_lib.slab import FITS
 from course_lib.validate import check_at_most
 from course_lib.workload import Request, check_trace_size, load_trace, multi_turn, workload
-
-COST_MODELS: dict[str, CostModel] = {"source": CostModel(), "roofline": ROOFLINE_COSTS}
-
 
 MAX_STEP_MS = 3_600_000.0
 """Longest fixed step in milliseconds (an hour): times and costs then stay finite numbers."""
