@@ -180,21 +180,28 @@ def test_bad_calls() -> None:
 
 
 def test_replica_pools_draw_every_replica_in_one_row() -> None:
-    from course_lib.viz.replicas import replica_pools
+    from course_lib.viz.replicas import replica_pools, replica_timeline
 
-    frames = []
+    rows = []
 
     def observe(t: int, reps: list[Replica], index: PrefixIndex) -> None:
-        if t == 10:
-            for k, replica in enumerate(reps):
-                replica.core.sync_all()
-                frames.append(replica.core.manager.snapshot(f"replica {k}"))
+        for replica in reps:
+            replica.core.sync_all()  # catching up for a picture changes nothing
+        rows.append([r.core.manager.snapshot(f"step {t}: replica {k}")
+                     for k, r in enumerate(reps)])
 
-    simulate_cluster(multi_turn(6, shape=SMALL), ClusterConfig(replicas=2, server=server()),
-                     observer=observe)
-    picture = replica_pools(frames, title="two replicas")
+    trace = multi_turn(6, shape=SMALL)
+    config = ClusterConfig(replicas=2, server=server(30), tier_bytes=20 * 4096)
+    watched = simulate_cluster(trace, config, observer=observe)
+    plain = simulate_cluster(trace, config)
+    assert watched.metrics == plain.metrics and watched.done_step == plain.done_step
+    picture = replica_pools(rows[10], title="two replicas")
     assert picture.svg.count('class="course-pool"') == 2
     assert repr(picture).splitlines()[0] == "two replicas" and len(repr(picture).splitlines()) == 3
-    assert picture.svg == replica_pools(frames, title="two replicas").svg
+    assert picture.svg == replica_pools(rows[10], title="two replicas").svg
+    timeline = replica_timeline(rows, name="replicas")
+    assert len(timeline) == len(rows) and timeline.at(10).svg.count('class="course-pool"') == 2
     with pytest.raises(ValueError, match="at least one snapshot"):
         replica_pools([], title="none")
+    with pytest.raises(ValueError, match="every step needs a snapshot of every replica"):
+        replica_timeline([rows[0], rows[1][:1]], name="replicas")
