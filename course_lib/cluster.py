@@ -38,7 +38,7 @@ from course_lib.router import (
     RoutePolicy,
     prefix_aware_choice,
 )
-from course_lib.serving import Sample, ServingCore, ServingRequest
+from course_lib.serving import Chunk, Sample, Schedule, ServingCore, ServingRequest
 from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
 from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats
 from course_lib.validate import check_int, check_non_negative_number, describe
@@ -224,36 +224,18 @@ class Replica:
 
     def step(self, t: int, admitted: list[tuple[int, ServingRequest]]) -> list[int]:
         """Run step ``t``; append the requests it admitted; return those it finished."""
-        core, size = self.core, self.server.block_size
+        core = self.core
         if not core.unfinished:
             self.step_seconds.append(self.server.costs.step_time(0, 0, 0, 0))
             self.running.append(0)
             return []
         schedule = core.schedule()
-        swapped = [0, 0]
+        swapped = [0, 0]  # blocks and bytes across PCIe in this step
         for request_id in schedule.preempted:
-            self._preempted(self.index[request_id], t, schedule.swapped_out.get(request_id),
+            self._preempted(self.index[request_id], schedule.swapped_out.get(request_id),
                             swapped)
-        prefilled = 0
-        for chunk in schedule.chunks:
-            if chunk.decode:
-                continue
-            i = self.index[chunk.request.request_id]
-            tally = self.tally[i]
-            if tally.resumed:
-                self.reused += len(chunk.hit or ()) * size
-            swapped_in = schedule.swapped_in.get(chunk.request.request_id)
-            if swapped_in is not None:
-                self._count_swap(swapped_in, swapped)
-            else:
-                prefilled += chunk.count - 1
-                if tally.resumed:
-                    self.recomputed += chunk.count - 1
-            if chunk.loaded:
-                self._count_swap(chunk.loaded, swapped)
-            tally.len0, tally.t0, tally.resumed = chunk.start + chunk.count - 1, t, False
-            self.base += tally.len0 - t
-            admitted.append((i, chunk.request))
+        prefilled = sum(self._admitted(chunk, schedule, t, swapped, admitted)
+                        for chunk in schedule.chunks if not chunk.decode)
         batch = len(core.scheduler.running)
         if batch:
             self.steps += 1
@@ -271,7 +253,30 @@ class Replica:
         self.running.append(len(core.scheduler.running))
         return finished
 
-    def _preempted(self, i: int, t: int, swapped_blocks: int | None, swapped: list[int]) -> None:
+    def _admitted(self, chunk: Chunk, schedule: Schedule, t: int, swapped: list[int],
+                  admitted: list[tuple[int, ServingRequest]]) -> int:
+        """Book an admission's chunk (new, resumed or swapped in) as the single-server
+        simulator does; return the tokens it prefills (the step's own token excluded)."""
+        i = self.index[chunk.request.request_id]
+        tally, prefilled = self.tally[i], 0
+        if tally.resumed:
+            self.reused += len(chunk.hit or ()) * self.server.block_size
+        swapped_in = schedule.swapped_in.get(chunk.request.request_id)
+        if swapped_in is not None:
+            self._count_swap(swapped_in, swapped)
+        else:
+            prefilled = chunk.count - 1
+            if tally.resumed:
+                self.recomputed += prefilled
+        if chunk.loaded:
+            self._count_swap(chunk.loaded, swapped)
+        tally.len0, tally.t0, tally.resumed = chunk.start + chunk.count - 1, t, False
+        self.base += tally.len0 - t
+        admitted.append((i, chunk.request))
+        return prefilled
+
+    def _preempted(self, i: int, swapped_blocks: int | None, swapped: list[int]) -> None:
+        """Request ``i`` was pushed out (to swap space with ``swapped_blocks``)."""
         tally = self.tally[i]
         self.base -= tally.len0 - tally.t0
         tally.resumed = True
