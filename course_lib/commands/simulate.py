@@ -1,4 +1,8 @@
-"""``simulate``: replay a trace against one KV allocator and print its metrics (chapters 02-05)."""
+"""``simulate``: replay a trace against one KV allocator and print its metrics (chapters 02-05).
+
+With a CPU tier (``--cpu-tier-gib``) or a multi-turn trace it runs the cluster simulator's
+one replica instead (``course_lib.cluster``, which the tests hold equal to the single-server
+simulator) and prints ``route``'s table (chapter 09)."""
 
 from __future__ import annotations
 
