@@ -113,8 +113,11 @@ def test_the_tier_keeps_the_kv_each_hash_had_when_it_was_evicted(
 # --- the engine: K/V really moves to the CPU and back, outputs unchanged ------------------
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the K/V round-trip: GPU -> CPU -> GPU
+
+
 def test_engine_outputs_equal_a_run_without_the_tier() -> None:
-    model = random_model(tiny_config(num_kv_heads=1), seed=0, device="cpu")
+    model = random_model(tiny_config(num_kv_heads=1), seed=0, device=DEVICE)
     shared = list(range(1, 13))  # three blocks of 4, evicted by the traffic between
     waves = [[[*shared, 20]], [[30 + k] * 9 for k in range(3)], [[*shared, 21], [*shared, 22]]]
     params = SamplingParams(max_tokens=3)
