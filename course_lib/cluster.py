@@ -137,12 +137,30 @@ class ReplicaResult:
 
 @dataclass(frozen=True)
 class ClusterResult:
-    """Metrics of one cluster run (:data:`CLUSTER_METRICS`), per replica and per request
-    (``replica``, ``arrival``, ``first_step`` and ``done_step`` by trace index; -1 for a
-    rejected request)."""
+    """Metrics of one cluster run (:data:`CLUSTER_METRICS` says what each means), each
+    replica's totals, and per request (by trace index; -1 for a rejected request) its
+    replica, arrival, first and last step, and seconds to first and last token."""
 
+    requests: int
+    hit_rate: float
+    gpu_hit_rate: float
+    tier_hit_tokens: int
+    prefill_tokens: int
+    recomputed_tokens: int
+    preemptions: int
+    load_imbalance: float
+    steps: int
+    seconds: float
+    p50_ttft_steps: float
+    p99_ttft_steps: float
+    p50_e2e_steps: float
+    p99_e2e_steps: float
+    p50_ttft: float
+    p99_ttft: float
+    p50_e2e: float
+    p99_e2e: float
+    seconds_per_chat: float
     config: ClusterConfig = field(repr=False)
-    metrics: dict[str, float]
     replicas: tuple[ReplicaResult, ...] = field(repr=False)
     replica_of: tuple[int, ...] = field(repr=False)
     arrival: tuple[int, ...] = field(repr=False)
@@ -152,11 +170,10 @@ class ClusterResult:
     e2e: tuple[float, ...] = field(repr=False)
     rejections: dict[int, str] = field(repr=False)
 
-    def __getattr__(self, name: str) -> Any:
-        metrics = self.__dict__.get("metrics", {})
-        if name in metrics:
-            return metrics[name]
-        raise AttributeError(name)
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The metrics of :data:`CLUSTER_METRICS` by name."""
+        return {name: getattr(self, name) for name in CLUSTER_METRICS}
 
     def as_dict(self) -> dict[str, Any]:
         """The metrics and each replica's figures, JSON-ready."""
@@ -503,10 +520,11 @@ class _ClusterRun:
             **_percentiles("ttft", ttft), **_percentiles("e2e", e2e),
             "seconds_per_chat": float(e2e.mean()),
         }
-        return ClusterResult(config, metrics, results, tuple(self.replica_of),
-                             tuple(self.arrival), tuple(self.first), tuple(self.done),
-                             tuple(float(x) for x in ttft), tuple(float(x) for x in e2e),
-                             dict(self.rejections))
+        return ClusterResult(
+            **metrics, config=config, replicas=results, replica_of=tuple(self.replica_of),
+            arrival=tuple(self.arrival), first_step=tuple(self.first),
+            done_step=tuple(self.done), ttft=tuple(float(x) for x in ttft),
+            e2e=tuple(float(x) for x in e2e), rejections=dict(self.rejections))
 
 
 def _percentiles(name: str, values: np.ndarray) -> dict[str, float]:
