@@ -267,9 +267,11 @@ def _count_and_ids(
         return default if num_tokens is None else num_tokens, None
     ids = check_list("token_ids", token_ids)
     ends = ids[:1] + ids[-1:] if isinstance(token_ids, range) else ids  # a range by its ends
-    for token in ends:
-        if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
-            raise ValueError(f"token id must be below 2**64, got {token!r}")
+    if not (all(type(t) is int for t in ends)  # the fast path; the loop names a bad id
+            and min(ends, default=0) >= 0 and max(ends, default=0) < TOKEN_ID_LIMIT):
+        for token in ends:
+            if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
+                raise ValueError(f"token id must be below 2**64, got {token!r}")
     if num_tokens is not None and num_tokens != len(ids):
         raise ValueError(f"num_tokens={num_tokens!r} disagrees with {len(ids)} token ids")
     return check_int("num_tokens", len(ids), default), ids

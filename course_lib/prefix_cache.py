@@ -125,7 +125,13 @@ class PrefixCachingBlockPool(BlockPool):
                 del self._blocks_of[block_hash]
             self.num_evictions += 1
             self._events[block_id] = "evicted"
+            self._evicted(block_id, block_hash)
         return block_id
+
+    def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
+        """Called when ``block_id`` loses ``block_hash`` to a new owner, before anyone writes
+        to it (its K/V still that hash's): a second tier keeps a copy here
+        (``course_lib.tier``). Nothing to do in a pool without one."""
 
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that held, full block ``block_id`` holds ``block_hash``."""

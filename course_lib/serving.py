@@ -58,6 +58,7 @@ from course_lib.prefix_cache import (
     extend_chain,
 )
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
+from course_lib.tier import TieredBlockPool
 from course_lib.validate import check_int
 from course_lib.workload import Request
 
@@ -122,7 +123,9 @@ Draw = Callable[[int, ServingRequest, Sample], None]
 @dataclass
 class Chunk:
     """One sequence's share of a step: ``count`` tokens from position ``start``; ``hit`` are
-    the cached blocks a sequence new to the pool starts from; ``decode`` marks a decode."""
+    the cached blocks a sequence new to the pool starts from; ``decode`` marks a decode;
+    ``loaded`` counts the blocks after ``hit`` that a second tier (``course_lib.tier``)
+    copies back instead of computing them."""
 
     request: ServingRequest
     sample: Sample
@@ -130,6 +133,7 @@ class Chunk:
     count: int
     hit: tuple[int, ...] | None = None  # None: the sequence is already in the pool
     decode: bool = False
+    loaded: int = 0  # blocks after the hit copied back from the pool's CPU tier
 
 
 @dataclass(frozen=True)
@@ -163,16 +167,24 @@ class ServingCore:
 
     ``pool`` is a ``BlockPool`` (a ``PrefixCachingBlockPool`` turns prefix caching on), with
     or without K/V tensors. ``chunked_prefill`` lets a prompt span several steps; ``lazy``
-    is the simulator's mode (see the module).
+    is the simulator's mode (see the module). ``closed_loop`` lets a lazy core with prefix
+    caching take requests that share blocks (any salt, one sample each): the caller
+    promises that no prompt continues a sequence still decoding, as in a conversation
+    whose next turn arrives after the previous one finished (``course_lib.cluster``), so no
+    one can look for a block a lazy decode has not hashed yet. A pool with a CPU tier
+    (``course_lib.tier``) extends a new sequence's cache hit with the blocks the tier
+    holds, copied back when the sequence is added.
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
-                 chunked_prefill: bool = True, lazy: bool = False) -> None:
+                 chunked_prefill: bool = True, lazy: bool = False,
+                 closed_loop: bool = False) -> None:
         if not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {config!r}")
         if not isinstance(pool, BlockPool):
             raise ValueError(f"pool must be a BlockPool, got {pool!r}")
-        for name, value in (("chunked_prefill", chunked_prefill), ("lazy", lazy)):
+        for name, value in (("chunked_prefill", chunked_prefill), ("lazy", lazy),
+                            ("closed_loop", closed_loop)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")
         if config.preemption == "swap" and pool.owns_kv:
@@ -180,6 +192,7 @@ class ServingCore:
                              "simulator's); a pool with K/V preempts by recompute")
         self.config, self.pool = config, pool
         self.chunked_prefill, self.lazy = chunked_prefill, lazy
+        self.closed_loop = closed_loop
         self.manager: PagedKVManager = kv_manager(pool)
         self.scheduler = Scheduler(config, [])
         self.swap = None if config.preemption != "swap" else SwapSpace(
@@ -243,6 +256,8 @@ class ServingCore:
                              f"{len(request.samples)} samples")
         if not self.lazy or not isinstance(self.manager, PrefixCachingKVManager):
             return
+        if self.closed_loop and len(request.samples) == 1:
+            return  # the caller's promise: no prompt continues a sequence still decoding
         salt = request.cache_salt
         if len(request.samples) != 1 or salt is None or salt in self._salts:
             raise ValueError(f"request {request.request_id}: a lazy core with prefix caching "
@@ -441,13 +456,15 @@ class ServingCore:
             if not held and any(c.hit is not None for c in plan):
                 continue
             hit = None if held else self._cache_hit(request, sample)
-            start = sample.computed if held or request.swapped else len(hit) * size
+            loaded = 0 if held or request.swapped else self._tier_hit(request, sample, len(hit))
+            start = sample.computed if held or request.swapped else (len(hit) + loaded) * size
             pending = len(sample.tokens) - start
             count = min(pending, budget) if self.chunked_prefill else \
                 (pending if pending <= budget else 0)
             if count == 0:
                 break
-            plan.append(Chunk(request, sample, start, count, hit, held and sample.decoding))
+            plan.append(Chunk(request, sample, start, count, hit, held and sample.decoding,
+                              loaded))
             budget -= count
         return plan
 
@@ -463,6 +480,15 @@ class ServingCore:
             return ()
         chain = self._chain(request, sample, (len(sample.tokens) - 1) // self.pool.block_size)
         return tuple(manager.pool.longest_cached_prefix(chain))
+
+    def _tier_hit(self, request: ServingRequest, sample: Sample, gpu_blocks: int) -> int:
+        """The blocks right after a sequence's GPU hit that the pool's second tier holds
+        (0 without a tier; never its last token)."""
+        pool = self.pool
+        if not isinstance(pool, TieredBlockPool):
+            return 0
+        chain = self._chain(request, sample, (len(sample.tokens) - 1) // pool.block_size)
+        return pool.tier_prefix(chain[gpu_blocks:])
 
     def _chain(self, request: ServingRequest, sample: Sample, blocks: int) -> list[BlockHash]:
         """The hashes of ``sample``'s first ``blocks`` full blocks, kept per sample as vLLM
@@ -511,12 +537,17 @@ class ServingCore:
         if not isinstance(self.manager, PrefixCachingKVManager):
             self.manager.add_sequence(sample.seq_id, end)
             return
+        chain = self._chain(chunk.request, sample, end // self.pool.block_size)
+        first, last = len(chunk.hit), len(chunk.hit) + chunk.loaded
+        fetched = self.pool.fetch(chain[first:last]) if chunk.loaded else []  # before evicting
         hit = self.manager.add_sequence(
             sample.seq_id, token_ids=sample.tokens[:end], cache_salt=chunk.request.cache_salt,
-            known=self._chain(chunk.request, sample, end // self.pool.block_size))
+            known=chain)
         if hit != len(chunk.hit) * self.pool.block_size:
             raise RuntimeError(f"cache hit of {hit} tokens for {sample.seq_id}, planned "
                                f"{len(chunk.hit)} blocks; this is a bug")
+        if chunk.loaded:
+            self.pool.write_fetched(self.manager.block_table(sample.seq_id)[first:last], fetched)
 
     def _preempt(self, index: int, step: _Step) -> None:
         """Free every block of request ``index`` and requeue it: to swap space when it has

@@ -61,7 +61,7 @@ from course_lib.validate import (
     check_non_negative_number,
     check_positive_number,
 )
-from course_lib.workload import Request, check_trace_size, validate_trace
+from course_lib.workload import Request, check_open_trace, check_trace_size, validate_trace
 
 Allocator = Literal["reserve-max", "exact-size", "paged"]
 ALLOCATORS: tuple[Allocator, ...] = ("reserve-max", "exact-size", "paged")
@@ -487,6 +487,7 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
     if not trace:
         raise ValueError("simulate needs at least one request")
     check_trace_size(trace)
+    check_open_trace(trace)
     run_type = _PagedRun if config.allocator == "paged" else _SlabRun
     return run_type(trace, config, record, progress).result()
 

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ almost every draw lands outside ``[2, max_total]``."""
 _MAX_REDRAWS = 100
 """Rounds of redrawing out-of-range lengths before :func:`generate_trace` gives up."""
 
-_REQUEST_KEYS = ("id", "prompt_len", "output_len", "arrival", "priority", "token_ids")
+_REQUEST_KEYS = ("id", "prompt_len", "output_len", "arrival", "priority", "token_ids",
+                 "follows", "think")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,11 @@ class Request:
     ``arrival`` is the decode step at which it joins the waiting queue. ``priority`` follows
     vLLM: a smaller number is more important. ``token_ids`` optionally holds the prompt's
     token ids (prefix caching needs them; the memory simulators only need lengths).
+
+    A conversation's later turn ``follows`` the request of its previous turn (by id) and
+    arrives ``think`` steps after that one finished (a closed loop: the user reads the reply
+    first); its ``arrival`` stays 0. Only the cluster simulator (``course_lib.cluster``)
+    replays such turns; :func:`multi_turn` draws them.
     """
 
     id: int
@@ -63,6 +70,8 @@ class Request:
     arrival: int = 0
     priority: int = 0
     token_ids: tuple[int, ...] | None = None
+    follows: int | None = None
+    think: int = 0
 
     def __post_init__(self) -> None:
         check_int("id", self.id, 0)
@@ -79,8 +88,20 @@ class Request:
             if len(self.token_ids) != self.prompt_len:
                 raise ValueError(f"request {self.id}: {len(self.token_ids)} token_ids for "
                                  f"prompt_len={self.prompt_len}")
-            for token in self.token_ids:
-                check_int(f"request {self.id}: token id", token, 0)
+            ids = self.token_ids
+            if not (all(type(t) is int for t in ids) and min(ids, default=0) >= 0):
+                for token in ids:  # the slow path names the bad id
+                    check_int(f"request {self.id}: token id", token, 0)
+        check_int(f"request {self.id}: think", self.think, 0, MAX_ARRIVAL_STEP)
+        if self.follows is not None:
+            check_int(f"request {self.id}: follows", self.follows, 0)
+            if self.arrival:
+                raise ValueError(f"request {self.id} follows request {self.follows} and "
+                                 f"arrives {self.think} steps after it finishes; its arrival "
+                                 f"must be 0, got {self.arrival}")
+        elif self.think:
+            raise ValueError(f"request {self.id}: think={self.think} needs a request it "
+                             f"follows")
 
     @property
     def total_len(self) -> int:
@@ -89,7 +110,8 @@ class Request:
 
 
 def validate_trace(requests: Iterable[Request]) -> list[Request]:
-    """Return the requests as a list, rejecting non-requests and duplicate ids."""
+    """Return the requests as a list, rejecting non-requests, duplicate ids and a turn that
+    follows a request not listed before it (so conversations never loop)."""
     requests = list(requests)
     seen: set[int] = set()
     for request in requests:
@@ -97,8 +119,21 @@ def validate_trace(requests: Iterable[Request]) -> list[Request]:
             raise ValueError(f"a trace holds Request objects, got {describe(request)}")
         if request.id in seen:
             raise ValueError(f"duplicate request id {describe(request.id)}")
+        if request.follows is not None and request.follows not in seen:
+            raise ValueError(f"request {request.id} follows request {request.follows}, "
+                             f"which is not listed before it")
         seen.add(request.id)
     return requests
+
+
+def check_open_trace(requests: Sequence[Request]) -> None:
+    """Refuse a trace with conversation turns (``follows``): their arrival depends on when
+    the previous turn finishes, which only the cluster simulator replays."""
+    for request in requests:
+        if request.follows is not None:
+            raise ValueError(f"request {request.id} follows request {request.follows}: "
+                             f"multi-turn traces run in course_lib.cluster (the route "
+                             f"command, or simulate with a CPU tier)")
 
 
 def check_trace_size(requests: Sequence[Request]) -> None:
@@ -113,6 +148,9 @@ def check_trace_size(requests: Sequence[Request]) -> None:
                   MAX_ARRIVAL_STEP, "move the arrivals earlier")
     check_at_most("the trace's prompt and reply tokens", sum(r.total_len for r in requests),
                   MAX_TRACE_TOKENS, "use fewer or shorter requests")
+    check_at_most("the latest arrival plus every think time",
+                  max((r.arrival for r in requests), default=0) + sum(r.think for r in requests),
+                  MAX_ARRIVAL_STEP, "shorten the think times")
 
 
 def generate_trace(
@@ -257,6 +295,116 @@ def support_chat(n: int = 3000, seed: int = SUPPORT_CHAT_SEED, **overrides: Any)
     return generate_trace(n, seed=seed, **params)
 
 
+MULTI_TURN_SEED = 0
+"""Seed of the multi-turn preset (any seed gives a trace of the same shape)."""
+
+
+@dataclass(frozen=True)
+class MultiTurnShape:
+    """The shape of :func:`multi_turn`'s conversations (every length in tokens, every time in
+    steps); the defaults are the chapter 09 study's.
+
+    ``system_prompts`` shared system prompts of log-normal length (median
+    ``system_median``) open the conversations, each picked uniformly. A user message has a
+    log-normal length of median ``user_median``, a reply of median ``reply_median`` (spread
+    ``sigma``, capped at ``max_message``). Conversations start as a Poisson process of
+    ``arrival_rate`` per step; each has ``turns`` turns, and the user thinks for an
+    exponential time of mean ``think_mean`` steps after each reply.
+    """
+
+    turns: int = 3
+    system_prompts: int = 4
+    system_median: float = 500
+    user_median: float = 60
+    reply_median: float = 180
+    sigma: float = 0.6
+    max_message: int = 1024
+    arrival_rate: float = 0.5
+    think_mean: float = 400
+    vocab_size: int = 32_000
+
+    def __post_init__(self) -> None:
+        check_int("turns", self.turns, 1, 64)
+        check_int("system_prompts", self.system_prompts, 1, 1024)
+        check_int("max_message", self.max_message, 2, 8192)
+        check_int("vocab_size", self.vocab_size, 2, MAX_INT)
+        for name in ("system_median", "user_median", "reply_median"):
+            check_positive_number(name, getattr(self, name), self.max_message)
+        check_non_negative_number("sigma", self.sigma, MAX_SIGMA)
+        check_positive_number("arrival_rate", self.arrival_rate)
+        check_non_negative_number("think_mean", self.think_mean, MAX_ARRIVAL_STEP)
+
+
+def multi_turn(conversations: int = 1000, seed: int = MULTI_TURN_SEED,
+               shape: MultiTurnShape | None = None) -> list[Request]:
+    """Multi-turn chats over a few shared system prompts: ``conversations`` x ``turns``
+    requests (the preset: 1,000 conversations of 3 turns, 3,000 chat requests).
+
+    Turn ``k`` of a conversation is one request whose prompt is the whole history: its
+    system prompt, every earlier user message and reply, and the new user message. Its
+    reply's token ids are their positions in the conversation, because the simulator has
+    no model and its serving core generates exactly those ids (``course_lib.serving``, lazy
+    mode); user messages and system prompts are random ids. The first turn arrives at the
+    conversation's start; every later turn ``follows`` the previous one and arrives
+    ``think`` steps after it finished. Requests are numbered conversation by conversation.
+    """
+    shape = MultiTurnShape() if shape is None else shape
+    if not isinstance(shape, MultiTurnShape):
+        raise ValueError(f"shape must be a MultiTurnShape, got {describe(shape)}")
+    check_int("conversations", conversations, 1, MAX_TRACE_REQUESTS)
+    check_int("seed", seed, 0)
+    check_at_most("the requests (conversations x turns)", conversations * shape.turns,
+                  MAX_TRACE_REQUESTS, "use fewer conversations or turns")
+    rng = np.random.default_rng(seed)
+
+    def lengths(median: float, count: int) -> np.ndarray:
+        draw = np.rint(np.exp(rng.normal(math.log(median), shape.sigma, count)))
+        return np.clip(draw, 1, shape.max_message).astype(np.int64)
+
+    systems = [tuple(rng.integers(0, shape.vocab_size, n).tolist())
+               for n in lengths(shape.system_median, shape.system_prompts)]
+    starts = np.floor(np.cumsum(rng.exponential(1.0 / shape.arrival_rate, conversations)))
+    picks = rng.integers(0, shape.system_prompts, conversations)
+    users = lengths(shape.user_median, conversations * shape.turns)
+    replies = lengths(shape.reply_median, conversations * shape.turns)
+    thinks = np.floor(rng.exponential(shape.think_mean, conversations * shape.turns))
+    check_at_most("the trace's prompt and reply tokens",
+                  _conversation_tokens(systems, picks, users, replies, shape.turns),
+                  MAX_TRACE_TOKENS, "use fewer conversations, turns or shorter messages")
+    check_at_most("the last conversation's start", int(starts[-1]), MAX_ARRIVAL_STEP,
+                  "raise arrival_rate")
+    words = iter(rng.integers(0, shape.vocab_size, int(users.sum())).tolist())
+    requests: list[Request] = []
+    for c in range(conversations):
+        history = list(systems[picks[c]])
+        for k in range(shape.turns):
+            i = c * shape.turns + k
+            history.extend(islice(words, int(users[i])))
+            first = k == 0
+            requests.append(Request(
+                id=i, prompt_len=len(history), output_len=int(replies[i]),
+                arrival=int(starts[c]) if first else 0, token_ids=tuple(history),
+                follows=None if first else i - 1, think=0 if first else int(thinks[i])))
+            history.extend(range(len(history), len(history) + int(replies[i])))
+    check_trace_size(requests)
+    return requests
+
+
+def _conversation_tokens(systems: list[tuple[int, ...]], picks: np.ndarray,
+                         users: np.ndarray, replies: np.ndarray, turns: int) -> int:
+    """Prompt plus reply tokens of every turn of every conversation (prompts repeat the
+    history), counted before any token id is drawn."""
+    total = 0
+    for c, pick in enumerate(picks):
+        history = len(systems[pick])
+        for k in range(turns):
+            i = c * turns + k
+            history += int(users[i])
+            total += history + int(replies[i])
+            history += int(replies[i])
+    return total
+
+
 WORKLOADS: dict[str, Callable[..., list[Request]]] = {"support-chat": support_chat}
 """Named workload presets for the command line; each returns a fresh trace."""
 
@@ -313,6 +461,8 @@ def trace_to_json(requests: Sequence[Request]) -> dict[str, Any]:
                                "priority": r.priority}
         if r.token_ids is not None:
             row["token_ids"] = list(r.token_ids)
+        if r.follows is not None:
+            row["follows"], row["think"] = r.follows, r.think
         rows.append(row)
     return {"format": TRACE_FORMAT, "version": TRACE_VERSION, "requests": rows}
 
@@ -336,6 +486,7 @@ def _request_from_json(row: object, index: int) -> Request:
     return Request(
         id=row.get("id", index), prompt_len=row["prompt_len"], output_len=row["output_len"],
         arrival=row.get("arrival", 0), priority=row.get("priority", 0), token_ids=token_ids,
+        follows=row.get("follows"), think=row.get("think", 0),
     )
 
 

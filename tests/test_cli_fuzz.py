@@ -57,7 +57,10 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "simulate": (*MODEL_FLAGS, "--seed", "--priority-levels", "--allocator", "--block-size",
                  "--max-len", "--budget-gib", "--fit", "--policy", "--preemption",
                  "--max-num-seqs", "--max-num-batched-tokens", "--swap-space-gib",
-                 "--cost-model", "--step-ms", "--price-per-hour"),
+                 "--cost-model", "--step-ms", "--price-per-hour", "--cpu-tier-gib"),
+    "route": (*MODEL_FLAGS, "--seed", "--replicas", "--router", "--load-penalty",
+              "--block-size", "--max-len", "--budget-gib", "--max-num-seqs", "--cpu-tier-gib",
+              "--cost-model", "--p99-ttft-target"),
 }
 """Every value-taking flag of each sub-command."""
 
@@ -67,11 +70,14 @@ PLAUSIBLE: dict[str, st.SearchStrategy[str]] = {
         "--block-size": (1, 64), "--max-len": (8, 9000), "--seed": (0, 9),
         "--priority-levels": (1, 5), "--max-num-seqs": (1, 300),
         "--max-num-batched-tokens": (1, 20_000), "--prompt-tokens": (1, 3000),
-        "--samples": (1, 16), "--new-tokens": (0, 500), "--requests": (1, 100)}.items()
+        "--samples": (1, 16), "--new-tokens": (0, 500), "--requests": (1, 100),
+        "--replicas": (1, 8)}.items()
 } | {
     flag: st.floats(low, high).map(repr) for flag, (low, high) in {
         "--budget-gib": (1e-6, 200.0), "--swap-space-gib": (0.0, 100.0),
-        "--step-ms": (0.0, 100.0), "--price-per-hour": (0.0, 1000.0)}.items()
+        "--step-ms": (0.0, 100.0), "--price-per-hour": (0.0, 1000.0),
+        "--cpu-tier-gib": (0.0, 16.0), "--load-penalty": (0.0, 500.0),
+        "--p99-ttft-target": (0.001, 10.0)}.items()
 }
 """Values a careful user might type, some still refused (a budget too small for a block)."""
 
@@ -79,6 +85,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--allocator": ("paged", "exact-size", "reserve-max"), "--fit": ("first", "best"),
     "--policy": ("fcfs", "priority"), "--preemption": ("recompute", "swap"),
     "--cost-model": ("source", "roofline"), "--dtype": ("fp16", "fp8", "fp32"),
+    "--router": ("round-robin", "least-loaded", "session-affinity", "prefix-aware"),
 }
 """Valid choices, drawn often so that the flags behind them are reached too."""
 
@@ -161,6 +168,9 @@ def command_lines(draw: st.DrawFn, files: dict[str, Path]) -> list[str]:
         elif source != "preset":
             argv.append(f"--trace={files[source]}")
         argv += draw(st.sampled_from([[], ["--prefix-caching"]]))
+    if command == "route":  # a few conversations (the last value wins), or a trace file
+        argv.append(draw(st.just(f"--trace={files['small.json']}")
+                         | st.integers(1, 12).map(lambda n: f"--conversations={n}")))
     if draw(st.booleans()):
         argv.append("--json")
     return argv

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cow_demo",
     "prefix_demo",
     "simulate",
+    "route",
 )
 
 

@@ -1,4 +1,8 @@
-"""``simulate``: replay a trace against one KV allocator and print its metrics (chapters 02-05)."""
+"""``simulate``: replay a trace against one KV allocator and print its metrics (chapters 02-05).
+
+With a CPU tier (``--cpu-tier-gib``) or a multi-turn trace it runs the cluster simulator's
+one replica instead (``course_lib.cluster``, which the tests hold equal to the single-server
+simulator) and prints ``route``'s table (chapter 09)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from course_lib.cluster import ClusterConfig, simulate_cluster
 from course_lib.commands import (
     UsageError,
     add_json_flag,
@@ -22,16 +27,14 @@ from course_lib.commands.kv_size import (
     budget_blocks,
     per_token_bytes_from,
 )
+from course_lib.commands.route import COST_MODELS, TRACE_SOURCES, cluster_payload, render_cluster
 from course_lib.kv_math import GIB
 from course_lib.limits import MAX_BUDGET_GIB, MAX_INT, MAX_POOL_BLOCKS
 from course_lib.scheduler import POLICIES, PREEMPTION_MODES, SchedulerConfig
-from course_lib.simulator import ALLOCATORS, ROOFLINE_COSTS, CostModel, SimConfig, simulate
+from course_lib.simulator import ALLOCATORS, SimConfig, simulate
 from course_lib.slab import FITS
 from course_lib.validate import check_at_most
-from course_lib.workload import WORKLOADS, Request, check_trace_size, load_trace, workload
-
-COST_MODELS: dict[str, CostModel] = {"source": CostModel(), "roofline": ROOFLINE_COSTS}
-
+from course_lib.workload import Request, check_trace_size, load_trace, multi_turn, workload
 
 MAX_STEP_MS = 3_600_000.0
 """Longest fixed step in milliseconds (an hour): times and costs then stay finite numbers."""
@@ -48,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "allocator and print batch size, steps, waste, preemptions and cost.",
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--workload", default="support-chat", choices=sorted(WORKLOADS),
-                        help="named workload preset (default: support-chat)")
+    source.add_argument("--workload", default="support-chat", choices=TRACE_SOURCES,
+                        help="named workload preset (default: support-chat; multi-turn runs "
+                        "on the cluster's one replica)")
     source.add_argument("--trace", metavar="FILE.json", help="your own trace (JSON)")
     parser.add_argument("--seed", type=integer(0, MAX_INT), help="seed of the workload preset")
     parser.add_argument("--priority-levels", type=integer(1, MAX_INT),
@@ -73,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prefix-caching", action="store_true",
                         help="a request resumed by recompute reuses its blocks still cached "
                         "(paged only)")
+    parser.add_argument("--cpu-tier-gib", type=number(0, MAX_BUDGET_GIB),
+                        help="CPU tier for evicted cached blocks in GiB, with "
+                        "--prefix-caching (runs on the cluster's one replica)")
     parser.add_argument("--cost-model", default="source", choices=sorted(COST_MODELS),
                         help="source: flat 25 ms steps; roofline: steps slow with the batch")
     parser.add_argument("--step-ms", type=number(0, MAX_STEP_MS, above=True),
@@ -92,6 +99,9 @@ def _refuse_contradictions(args: argparse.Namespace) -> None:
     if args.preemption == "swap" and not paged:
         refuse_together("--preemption swap", f"--allocator {args.allocator}",
                         "contiguous slabs reserve up front and are never preempted")
+    if args.cpu_tier_gib is not None and not args.prefix_caching:
+        raise UsageError("--cpu-tier-gib needs --prefix-caching: the tier keeps evicted "
+                         "cached blocks")
     if args.prefix_caching and not paged:
         refuse_together("--prefix-caching", f"--allocator {args.allocator}",
                         "only the paged pool caches blocks")
@@ -152,6 +162,11 @@ def _trace(args: argparse.Namespace) -> tuple[list[Request], str]:
         preset = {key: value for key, value in (("seed", args.seed),
                                                 ("priority_levels", args.priority_levels))
                   if value is not None}
+        if args.workload == "multi-turn":
+            if args.priority_levels is not None:
+                refuse_together("--priority-levels", "--workload multi-turn",
+                                "the multi-turn preset gives every request priority 0")
+            return multi_turn(**preset), args.workload
         return workload(args.workload, **preset), args.workload
     try:
         trace = load_trace(args.trace)
@@ -165,6 +180,14 @@ def run(args: argparse.Namespace) -> int:
     """Build the server and the trace, simulate, print the metrics."""
     config = _config(args)
     trace, name = _trace(args)
+    if args.cpu_tier_gib is not None or any(r.follows is not None for r in trace):
+        if args.allocator != "paged":
+            refuse_together(f"--allocator {args.allocator}", "a CPU tier or a multi-turn "
+                            "trace", "those run on the cluster's paged replica")
+        one = ClusterConfig(replicas=1, server=config, policy="round-robin",
+                            tier_bytes=int((args.cpu_tier_gib or 0) * GIB))
+        return emit(cluster_payload(simulate_cluster(trace, one), name), args.json,
+                    render_cluster)
     result = simulate(trace, config)
     payload = {"workload": name, "bytes_per_token": config.bytes_per_token,
                "step_ms": config.costs.step_seconds * 1000,

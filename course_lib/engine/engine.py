@@ -52,6 +52,8 @@ from course_lib.prefix_cache import (
 )
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Chunk, Schedule, ServingCore
+from course_lib.tier import CpuTier, TieredBlockPool
+from course_lib.validate import check_int
 
 Prompt = GenerationRequest | str | Sequence[int]
 
@@ -124,7 +126,8 @@ class PagedEngine:
     ``max_num_batched_tokens`` the tokens of one step); only recompute preemption is
     implemented. ``chunked_prefill`` lets a prompt longer than the step's remaining budget
     be computed over several steps (vLLM v1's default); without it a prompt waits for a
-    step with room for all of it. ``prefix_caching`` reuses cached full prompt blocks.
+    step with room for all of it. ``prefix_caching`` reuses cached full prompt blocks;
+    ``cpu_tier_bytes`` keeps evicted ones in a CPU tier of that size and copies them back.
     ``decode_attention`` is ``"triton"`` (the course's kernel: on a GPU, or under the
     Triton interpreter on a CPU) or ``"torch"`` (the gather-based reference). Give a Hugging
     Face ``tokenizer`` to pass text prompts and get text back.
@@ -133,7 +136,8 @@ class PagedEngine:
     def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int = 16,
                  scheduler: SchedulerConfig | None = None, tokenizer: Any | None = None,
                  decode_attention: DecodeAttention = "triton", prefix_caching: bool = False,
-                 chunked_prefill: bool = True, free_order: FreeOrder = "vllm") -> None:
+                 chunked_prefill: bool = True, free_order: FreeOrder = "vllm",
+                 cpu_tier_bytes: int = 0) -> None:
         scheduler = scheduler or SchedulerConfig()
         if not isinstance(model, LlamaModel):
             raise ValueError(f"model must be a LlamaModel, got {type(model).__name__}")
@@ -151,9 +155,15 @@ class PagedEngine:
         kv = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                   num_layers=config.num_layers, dtype=model.dtype, device=model.device,
                   free_order=free_order)
-        pool_type = PrefixCachingBlockPool if prefix_caching else BlockPool
-        self.core = ServingCore(scheduler, pool_type(num_blocks, block_size, **kv),
-                                chunked_prefill=chunked_prefill)
+        check_int("cpu_tier_bytes", cpu_tier_bytes, 0)
+        if cpu_tier_bytes and not prefix_caching:
+            raise ValueError(f"cpu_tier_bytes={cpu_tier_bytes} needs prefix_caching=True")
+        if cpu_tier_bytes:  # evicted cached blocks' K/V kept on the CPU (course_lib.tier)
+            pool = TieredBlockPool(num_blocks, block_size, tier=CpuTier(cpu_tier_bytes), **kv)
+        else:
+            pool = (PrefixCachingBlockPool if prefix_caching else BlockPool)(
+                num_blocks, block_size, **kv)
+        self.core = ServingCore(scheduler, pool, chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
         self.step_index = 0
         self._totals = dict.fromkeys(("steps", "generated_tokens", "prefill_tokens",

@@ -1,0 +1,348 @@
+"""Chapter 09 exercises: the CPU tier's LRU store, a consistent-hashing ring, the
+prefix-aware scorer with its load penalty, and reading the metrics to choose a tier size.
+
+The store and the ring are built from a specification alone (their docstrings in the
+notebook). Expected values come from ``course_lib.tier.CpuTier``, ``course_lib.router``
+(``HashRing``, ``PrefixIndex``, ``prefix_aware_choice``) and ``course_lib.tier.TierStats``,
+always on the grader's side: a case's ``run`` replays a script of calls on the learner's
+object and returns what each call gave back, as plain data, and captures nothing computed
+from the answer key. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
+``random.Random(seed)``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any
+
+from course_lib.grading.check import Case, Exercise, Raises, approx_equal, strict_equal
+from course_lib.prefix_cache import hash_block_tokens
+from course_lib.router import HashRing, PrefixIndex, prefix_aware_choice
+from course_lib.tier import CpuTier, TierStats
+
+Op = tuple[Any, ...]
+"""A store script's step: ``("put", key, nbytes)``, ``("get", key)``, ``("keys",)`` or
+``("used",)``."""
+
+
+def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str) -> Case:
+    return Case(call, run, expected, hint, strict_equal)
+
+
+# --- 09.lru_tier: the byte-capped LRU store ----------------------------------------------
+
+
+def _replay_store(cls: Any, capacity: int, script: Sequence[Op]) -> list[Any]:
+    """Make the learner's store and play ``script`` on it; what each call returned."""
+    store = cls(capacity)
+    out: list[Any] = []
+    for op in script:
+        if op[0] == "put":
+            out.append(list(store.put(op[1], op[2])))
+        elif op[0] == "get":
+            out.append(store.get(op[1]))
+        elif op[0] == "keys":
+            out.append(list(store.keys()))
+        else:
+            out.append(store.used())
+    return out
+
+
+def _key_hash(key: str) -> bytes:
+    return hash_block_tokens(None, list(key.encode()))
+
+
+def _expected_store(capacity: int, script: Sequence[Op]) -> list[Any]:
+    """The same script on ``CpuTier``."""
+    tier, names = CpuTier(capacity), {}
+    out: list[Any] = []
+    for op in script:
+        if op[0] == "put":
+            names[_key_hash(op[1])] = op[1]
+            out.append([names[h] for h in tier.put(_key_hash(op[1]), op[2])])
+        elif op[0] == "get":
+            held = _key_hash(op[1]) in tier
+            if held:
+                tier.fetch([_key_hash(op[1])])
+            out.append(held)
+        elif op[0] == "keys":
+            out.append([names[h] for h in tier.hashes()])
+        else:
+            out.append(tier.bytes_used)
+    return out
+
+
+def _store_case(capacity: int, script: Sequence[Op], hint: str) -> Case:
+    shown = "; ".join(f"{op[0]}({', '.join(map(repr, op[1:]))})" for op in script)
+    return _case(f"store = LruTier({capacity}); {shown}",
+                 lambda cls, s=tuple(script), c=capacity: _replay_store(cls, c, s),
+                 _expected_store(capacity, script), hint)
+
+
+def _lru_cases() -> list[Case]:
+    return [
+        _store_case(100, [("put", "a", 40), ("put", "b", 40), ("keys",), ("used",),
+                          ("put", "c", 40), ("keys",), ("used",)],
+                    "the least recently stored entry goes first, and only as many as the "
+                    "bytes need"),
+        _store_case(100, [("put", "a", 30), ("put", "b", 30), ("put", "c", 30),
+                          ("get", "a"), ("put", "d", 30), ("keys",)],
+                    "get() on a hit makes the entry the most recently used, so 'b', not "
+                    "'a', is dropped; a store that drops the newest is MRU, not LRU"),
+        _store_case(100, [("put", "big", 60), ("put", "s1", 10), ("put", "s2", 10),
+                          ("put", "s3", 10), ("put", "s4", 10), ("put", "s5", 10),
+                          ("keys",), ("used",)],
+                    "the cap is in bytes: 100 bytes hold 'big' (60) and four entries of 10, "
+                    "so the fifth drops 'big'; a cap counted in entries is wrong"),
+        _store_case(50, [("put", "a", 20), ("put", "huge", 80), ("keys",), ("used",),
+                         ("get", "huge"), ("get", "zzz")],
+                    "an entry larger than the whole capacity is not stored (put returns "
+                    "[]) and nothing is dropped for it; get() of a missing key is False"),
+        _store_case(60, [("put", "a", 20), ("put", "b", 20), ("put", "a", 20),
+                         ("put", "c", 30), ("keys",), ("used",)],
+                    "putting a key already held refreshes it (most recent, its bytes "
+                    "counted once), so 'b' is the one dropped"),
+        _store_case(0, [("put", "a", 1), ("keys",), ("used",)],
+                    "a store of capacity 0 holds nothing"),
+    ]
+
+
+def _fresh_lru(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        capacity = rng.randrange(20, 120)
+        script: list[Op] = []
+        for _ in range(rng.randrange(8, 20)):
+            key = rng.choice("abcdefg")
+            kind = rng.choice(["put", "put", "get", "keys", "used"])
+            script.append(("put", key, rng.randrange(1, 50)) if kind == "put"
+                          else ("get", key) if kind == "get" else (kind,))
+        script.append(("keys",))
+        cases.append(_store_case(capacity, script, "a drawn script: LRU order, byte cap, "
+                                                   "oversize entries not stored"))
+    return cases
+
+
+# --- 09.hash_ring: consistent hashing ----------------------------------------------------
+
+KEYS = tuple(f"session {k}" for k in range(120))
+
+
+def _replay_ring(cls: Any, vnodes: int, first: int, joining: int, keys: Sequence[str]
+                 ) -> dict[str, list[int]]:
+    ring = cls(vnodes)
+    for replica in range(first):
+        ring.add(replica)
+    before = [ring.lookup(k) for k in keys]
+    ring.add(joining)
+    return {"before": before, "after": [ring.lookup(k) for k in keys]}
+
+
+def _expected_ring(vnodes: int, first: int, joining: int, keys: Sequence[str]
+                   ) -> dict[str, list[int]]:
+    ring = HashRing(range(first), vnodes)
+    before = [ring.lookup(k) for k in keys]
+    ring.add(joining)
+    return {"before": before, "after": [ring.lookup(k) for k in keys]}
+
+
+def _ring_case(vnodes: int, first: int, joining: int, keys: Sequence[str], hint: str) -> Case:
+    call = (f"ring = Ring({vnodes}); add replicas 0..{first - 1}; look up "
+            f"{len(keys)} keys ({keys[0]!r}, ...); add({joining}); look them up again")
+    return _case(call, lambda cls, a=(vnodes, first, joining, tuple(keys)): _replay_ring(
+        cls, *a), _expected_ring(vnodes, first, joining, keys), hint)
+
+
+def _ring_errors(cls: Any, what: str) -> Any:
+    ring = cls(4)
+    if what == "empty":
+        return ring.lookup("session 1")
+    ring.add(0)
+    ring.add(0)
+    return None
+
+
+def _ring_cases() -> list[Case]:
+    return [
+        _ring_case(1, 1, 1, KEYS[:10], "one point per replica: a key goes to the first "
+                   "point at or after its position, wrapping past the end to the first"),
+        _ring_case(16, 3, 3, KEYS, "with virtual points; after add(3) only keys that now "
+                   "belong to replica 3 may move (hash % N moves almost all)"),
+        _ring_case(64, 7, 7, KEYS, "replica 7 joins 7 others: about 1/8 of the keys move, "
+                   "all of them to replica 7"),
+        _ring_case(8, 2, 9, KEYS[:40], "replica ids need not be consecutive"),
+        _case("Ring(4).lookup('session 1') on an empty ring",
+              lambda cls: _ring_errors(cls, "empty"), Raises(ValueError),
+              "an empty ring has no owner for any key: raise ValueError"),
+        _case("ring.add(0); ring.add(0)", lambda cls: _ring_errors(cls, "twice"),
+              Raises(ValueError), "a replica already on the ring: raise ValueError"),
+    ]
+
+
+def _fresh_ring(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    keys = [f"user {rng.randrange(10**9)}" for _ in range(60)]
+    return [_ring_case(rng.randrange(1, 40), first, rng.randrange(first, first + 5), keys,
+                       "drawn replicas and keys")
+            for first in (rng.randrange(1, 6), rng.randrange(6, 12))]
+
+
+# --- 09.prefix_scorer: hits against load ---------------------------------------------------
+
+
+def _chain(n: int) -> list[str]:
+    return [f"h{k}" for k in range(n)]
+
+
+def _expected_choice(chain: Sequence[str], held: Sequence[Sequence[str]], loads: Sequence[int],
+                     block_size: int, penalty: float) -> int:
+    index = PrefixIndex(len(held), block_size)
+    for replica, hashes in enumerate(held):
+        index.admitted(replica, [_key_hash(h) for h in hashes])
+    hits = index.hit_tokens([_key_hash(h) for h in chain])
+    return prefix_aware_choice(hits, list(loads), penalty)
+
+
+def _scorer_case(chain: Sequence[str], held: Sequence[Sequence[str]], loads: Sequence[int],
+                 block_size: int, penalty: float, hint: str) -> Case:
+    args = (list(chain), [set(h) for h in held], list(loads), block_size, penalty)
+    call = (f"choose_replica({list(chain)}, {[sorted(h) for h in held]}, {list(loads)}, "
+            f"{block_size}, {penalty})")
+    return _case(call, lambda fn, a=args: fn([*a[0]], [set(h) for h in a[1]], [*a[2]],
+                                             a[3], a[4]),
+                 _expected_choice(chain, held, loads, block_size, penalty), hint)
+
+
+def _scorer_cases() -> list[Case]:
+    c = _chain(6)
+    return [
+        _scorer_case(c, [c[:2], c[:5], []], [0, 0, 0], 16, 1.0,
+                     "replica 1 holds the longest leading run of the prompt's blocks"),
+        _scorer_case(c, [c[:2], c[:5], []], [0, 9, 1], 16, 8.0,
+                     "replica 1 would save 80 tokens but its 9 requests cost 72 at 8 per "
+                     "request: 80 - 72 = 8 < 32 - 0 for replica 0; a scorer that ignores "
+                     "load picks 1"),
+        _scorer_case(c, [c[:2], c[:5], []], [4, 9, 0], 16, 1000.0,
+                     "a large penalty makes the choice least loaded"),
+        _scorer_case(c, [c[1:], c[:1], []], [0, 0, 0], 16, 1.0,
+                     "only the leading blocks count: replica 0 holds five blocks but not "
+                     "the first, so it would find nothing cached"),
+        _scorer_case(c, [c[:3], c[:3], c[:3]], [2, 1, 1], 16, 0.0,
+                     "equal scores: the less loaded wins, then the lower index"),
+        _scorer_case(c, [c[:4], c[:2]], [3, 0], 4, 2.0,
+                     "hits are in tokens: 4 blocks of 4 is 16 tokens, less 6 for the load, "
+                     "is 10 > 8"),
+    ]
+
+
+def _fresh_scorer(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(4):
+        chain = _chain(rng.randrange(1, 10))
+        replicas = rng.randrange(2, 6)
+        held = [[h for h in chain[: rng.randrange(0, len(chain) + 1)]]
+                + [f"x{rng.randrange(5)}" for _ in range(rng.randrange(3))]
+                for _ in range(replicas)]
+        loads = [rng.randrange(0, 12) for _ in range(replicas)]
+        cases.append(_scorer_case(chain, held, loads, rng.choice([4, 16, 32]),
+                                  rng.choice([0.0, 1.0, 8.0, 64.0]), "drawn replicas"))
+    return cases
+
+
+# --- 09.choose_tier: reading the metrics --------------------------------------------------
+
+
+def _hit_rate(row: dict[str, int]) -> float:
+    """The library's hit rate of one row of counters (GPU and tier)."""
+    return TierStats(row["prefix_cache_queries"], row["prefix_cache_hits"],
+                     row["prefix_cache_queries"] - row["prefix_cache_hits"],
+                     row["external_prefix_cache_hits"], 0, 0, 0).hit_rate
+
+
+def _expected_tier(study: dict[float, dict[str, int]], share: float) -> float:
+    base = _hit_rate(study[0.0])
+    gains = {m: _hit_rate(row) - base for m, row in study.items()}
+    best = max(gains.values())
+    if best <= 0:
+        return 0.0
+    return min(m for m, g in gains.items() if g >= share * best)
+
+
+def _row(queries: int, gpu: int, tier: int) -> dict[str, int]:
+    return {"prefix_cache_queries": queries, "prefix_cache_hits": gpu,
+            "external_prefix_cache_hits": tier}
+
+
+def _tier_case(study: dict[float, dict[str, int]], share: float, hint: str) -> Case:
+    call = f"choose_tier({study}, share={share})"
+    return Case(call, lambda fn, s=study, f=share: fn({m: dict(r) for m, r in s.items()}, f),
+                _expected_tier(study, share), hint, approx_equal)
+
+
+STUDY = {0.0: _row(1000, 600, 0), 1.0: _row(1000, 600, 80), 4.0: _row(1000, 600, 95),
+         16.0: _row(1000, 600, 100)}
+
+
+def _tier_cases() -> list[Case]:
+    return [
+        _tier_case(STUDY, 0.9, "gains over no tier: 0.08, 0.095, 0.10; 90% of the best "
+                   "(0.09) is first reached at 4x"),
+        _tier_case(STUDY, 0.5, "half of the best gain is already reached at 1x"),
+        _tier_case(STUDY, 1.0, "all of the gain needs the largest tier here"),
+        _tier_case({0.0: _row(500, 300, 0), 2.0: _row(520, 300, 0)}, 0.9,
+                   "no tier gains anything: choose 0"),
+        _tier_case({0.0: _row(800, 400, 0), 1.0: _row(900, 420, 60),
+                    8.0: _row(1000, 430, 140)}, 0.8,
+                   "a hit rate is (GPU hits + tier hits) / queries of its own row: the "
+                   "queries differ between runs (preempted requests look up again)"),
+        _tier_case({16.0: _row(1000, 600, 100), 0.0: _row(1000, 600, 0),
+                    4.0: _row(1000, 600, 95)}, 0.9, "the rows need not come in order"),
+    ]
+
+
+def _fresh_tier(seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(3):
+        study = {0.0: _row(q := rng.randrange(500, 5000), rng.randrange(0, q), 0)}
+        for multiple in rng.sample([0.5, 1.0, 2.0, 4.0, 8.0, 16.0], rng.randrange(1, 5)):
+            q = rng.randrange(500, 5000)
+            gpu = rng.randrange(0, q)
+            study[multiple] = _row(q, gpu, rng.randrange(0, q - gpu + 1))
+        cases.append(_tier_case(study, rng.choice([0.5, 0.8, 0.9, 1.0]), "a drawn study"))
+    return cases
+
+
+# --- registry ----------------------------------------------------------------------------
+
+FRESH: dict[str, Callable[[int], Sequence[Case]]] = {
+    "09.lru_tier": _fresh_lru, "09.hash_ring": _fresh_ring,
+    "09.prefix_scorer": _fresh_scorer, "09.choose_tier": _fresh_tier,
+}
+"""Each exercise's seeded cases (the grader draws the seed per run)."""
+
+_HAS_FRESH = "fresh" in {f.name for f in fields(Exercise)}
+
+
+def _exercise(name: str, title: str, cases: Callable[[], Sequence[Case]],
+              reference: tuple[str, ...]) -> Exercise:
+    """An exercise with its fresh cases, where ``Exercise`` takes them (issue 19's grader)."""
+    extra = {"fresh": FRESH[name]} if _HAS_FRESH else {}
+    return Exercise(name, title, cases, reference, **extra)
+
+
+EXERCISES = (
+    _exercise("09.lru_tier", "The CPU tier: an LRU store with a byte cap", _lru_cases,
+              ("course_lib.tier",)),
+    _exercise("09.hash_ring", "A consistent-hashing ring", _ring_cases,
+              ("course_lib.router.HashRing",)),
+    _exercise("09.prefix_scorer", "The prefix-aware scorer and its load penalty",
+              _scorer_cases, ("course_lib.router.PrefixIndex",
+                              "course_lib.router.prefix_aware_choice")),
+    _exercise("09.choose_tier", "Reading the metrics to choose a tier size", _tier_cases,
+              ("course_lib.tier.TierStats",)),
+)
