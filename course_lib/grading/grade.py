@@ -150,11 +150,11 @@ def _valid_observations(observations: Any, count: int) -> bool:
 
 def _exercise_row(base: GradeRow, harvested: bool, execution: Execution,
                   judged: Callable[[], tuple[float, str, str, str]]) -> GradeRow:
-    """The row of one exercise whose check the notebook calls."""
+    """The row of one exercise whose check the notebook calls: a scored row says why it lost
+    points by its cases alone (an error elsewhere in the notebook, such as a demo cell that
+    met the withheld answer key, is no concern of it)."""
     if harvested:
         score, status, reason, flag = judged()
-        if score < 1 and execution.first_error and not flag:
-            reason += f" (the notebook raised {execution.first_error})"
         if execution.status:  # scored before the notebook stopped: say so
             note = f"then the notebook {execution.problem}"
             reason = f"{reason}; {note}" if reason else note
