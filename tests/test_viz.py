@@ -865,3 +865,16 @@ def test_show_source_renders_library_code() -> None:
     assert method.code.startswith("def numbers_html(")
     with pytest.raises(ValueError, match="len"):
         show_source(len)
+
+
+def test_png_copies_draw_nested_pictures_where_their_box_and_view_box_say() -> None:
+    """Side-by-side drawings (chapter 09's replicas) are <svg>s inside an <svg>."""
+    svg = ('<svg xmlns="http://www.w3.org/2000/svg" width="200" height="100" '
+           'viewBox="0 0 400 200"><rect width="100%" height="100%" fill="#ffffff"/>'
+           '<svg x="200" y="0" width="200" height="200" viewBox="0 0 10 10">'
+           '<rect x="0" y="0" width="10" height="10" fill="#ff0000"/></svg></svg>')
+    png, size = svg_to_png(svg, scale=1)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert size == {"width": 200, "height": 100} and image.size == (200, 100)
+    assert image.getpixel((50, 50)) == (255, 255, 255)
+    assert image.getpixel((150, 50)) == (255, 0, 0)

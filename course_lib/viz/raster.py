@@ -54,6 +54,9 @@ class _Style:
     font_weight: str = "normal"
     text_anchor: str = "start"
     opacity: float = 1.0
+    scale: float = 1.0
+    """Points per user unit here: 1 at a root drawn at its own size, less inside a
+    ``viewBox`` that shrinks its content (text and line widths shrink with it)."""
 
 
 @dataclass(frozen=True)
@@ -80,18 +83,43 @@ def svg_to_png(svg: str, scale: int = SCALE) -> tuple[bytes, dict[str, int]]:
     width, height = (_number(root.get(key), key) for key in ("width", "height"))
     fig = Figure(figsize=(width / 72, height / 72), dpi=72 * scale)  # 1 SVG px = 1 pt
     FigureCanvasAgg(fig)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, width)
-    ax.set_ylim(height, 0)
-    ax.set_axis_off()
-    hatches = dict(_patterns(root))
-    # Patches go in with add_artist: add_patch would also update the data limits, which
-    # are fixed here and cost half the time on a big picture.
-    for child in root:
-        _draw(ax, child, _Style(), hatches, (width, height))
+    _viewport(fig.add_axes((0, 0, 1, 1)), root, _Style(), dict(_patterns(root)),
+              (width, height))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue(), {"width": round(width), "height": round(height)}
+
+
+def _viewport(ax: Axes, element: ET.Element, style: _Style, hatches: dict[str, _Hatch],
+              size: tuple[float, float]) -> None:
+    """Draw an ``<svg>`` element's children on ``ax``, which covers its ``size``: the user
+    units are its ``viewBox`` (its own size where it has none)."""
+    box = element.get("viewBox")
+    parts = [_number(v, "viewBox") for v in box.split()] if box else [0.0, 0.0, *size]
+    if len(parts) != 4 or parts[2] <= 0 or parts[3] <= 0:
+        raise ValueError(f"viewBox {box!r} is not four numbers with a positive size")
+    x, y, w, h = parts
+    ax.set_xlim(x, x + w)
+    ax.set_ylim(y + h, y)
+    ax.set_axis_off()
+    inner = replace(_style(element, style), scale=style.scale * size[0] / w)
+    # Patches go in with add_artist: add_patch would also update the data limits, which
+    # are fixed here and cost half the time on a big picture.
+    for child in element:
+        _draw(ax, child, inner, hatches, (w, h))
+
+
+def _nested(ax: Axes, element: ET.Element, style: _Style, hatches: dict[str, _Hatch],
+            size: tuple[float, float]) -> None:
+    """An ``<svg>`` inside another: its own axes over the box it takes in its parent."""
+    _check_attributes(element, {"x", "y", "width", "height", "viewBox", "role", *INHERITED})
+    x, y = (_number(element.get(key, "0"), key) for key in ("x", "y"))
+    w, h = (_number(element.get(key, str(whole)), key)
+            for key, whole in (("width", size[0]), ("height", size[1])))
+    corners = ax.transData.transform([(x, y), (x + w, y + h)])
+    (left, top), (right, bottom) = ax.figure.transFigure.inverted().transform(corners)
+    placed = ax.figure.add_axes((left, min(top, bottom), right - left, abs(top - bottom)))
+    _viewport(placed, element, style, hatches, (w, h))
 
 
 def figure_png(fig: Figure, scale: int = SCALE) -> tuple[bytes, dict[str, int]]:
@@ -150,6 +178,8 @@ def _draw(ax: Axes, element: ET.Element, parent: _Style, hatches: dict[str, _Hat
         _check_attributes(element, {*INHERITED, "opacity"})
         for child in element:
             _draw(ax, child, style, hatches, size)
+    elif name == "svg":
+        _nested(ax, element, parent, hatches, size)
     elif name == "rect":
         _rect(ax, element, style, hatches, size)
     elif name == "text":
@@ -170,7 +200,7 @@ def _paint(element: ET.Element, style: _Style) -> dict[str, object]:
         "facecolor": "none" if fill == "none" else fill,
         "alpha": alpha if alpha < 1 else None,
         "edgecolor": "none" if stroke in (None, "none") else stroke,
-        "linewidth": float(element.get("stroke-width", 1)) if stroke else 0.0,
+        "linewidth": float(element.get("stroke-width", 1)) * style.scale if stroke else 0.0,
         "linestyle": (0, tuple(float(d) for d in dash.split())) if dash else "solid",
     }
 
@@ -209,7 +239,7 @@ def _text(ax: Axes, element: ET.Element, style: _Style) -> None:
         if not content.strip():
             continue
         ax.text(_number(where.get("x", "0"), "x"), _number(where.get("y", "0"), "y"), content,
-                fontsize=style.font_size, family=family, color=style.fill,
+                fontsize=style.font_size * style.scale, family=family, color=style.fill,
                 fontweight="bold" if style.font_weight == "bold" else "normal",
                 ha=ANCHORS[style.text_anchor], va="baseline", alpha=style.opacity,
                 clip_on=False)
