@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -180,9 +181,19 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
         if km is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
-        shutil.rmtree(root, ignore_errors=True)
+        _remove(root)
     _read_harvests(runnable, harvest_at, nonce, result)
     return result
+
+
+def _remove(root: Path) -> None:
+    """Delete a notebook's folders, even where the kernel took the write bit off a folder in
+    the run folder it shares."""
+    for folder, dirs, _ in os.walk(root):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(folder, name), 0o700, follow_symlinks=False)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 async def _kill(km: AsyncKernelManager) -> None:
