@@ -56,9 +56,10 @@ def test_every_turn_carries_the_whole_history(conversations: int, seed: int,
 
 
 def _system_prompts(trace: list[Request]) -> set[tuple[int, ...]]:
-    """The distinct openings of the first turns, cut where two conversations diverge."""
+    """The distinct first tokens of the first turns: each is its system prompt's first token
+    (a system prompt may be shorter than any fixed cut, so only the first token is sure)."""
     firsts = [r.token_ids for r in trace if r.follows is None]
-    return {ids[:8] for ids in firsts}
+    return {ids[:1] for ids in firsts}
 
 
 def test_traces_round_trip_through_json(tmp_path) -> None:
