@@ -8,9 +8,8 @@ bookkeeping invariants must hold.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +28,7 @@ from course_lib.prefix_cache import (
 )
 from course_lib.scheduler import Scheduler, SchedulerConfig
 from course_lib.workload import Request
+from tests.frozen_state import freeze
 
 NUM_BLOCKS, BLOCK, HEADS, DIM = 9, 4, 1, 2
 REFUSED = (ValueError, OutOfBlocks)
@@ -36,22 +36,6 @@ SETTINGS = settings(max_examples=30, stateful_step_count=50, deadline=None,
                     derandomize=True, database=None)
 
 Call = tuple[str, Callable[[], object]]
-
-
-def freeze(obj: object) -> object:
-    """Everything reachable from ``obj`` as nested tuples that compare by value *and* order
-    (the free queue's order and the order of a hash's holders are state too)."""
-    if isinstance(obj, torch.Tensor):
-        return ("tensor", obj.dtype, tuple(obj.shape), obj.detach().cpu().numpy().tobytes())
-    if isinstance(obj, dict):
-        return ("dict", tuple((key, freeze(value)) for key, value in obj.items()))
-    if isinstance(obj, list | tuple | deque):
-        return (type(obj).__name__, tuple(freeze(value) for value in obj))
-    if isinstance(obj, set | frozenset):
-        return ("set", frozenset(obj))
-    if dataclasses.is_dataclass(obj) or type(obj).__module__.startswith("course_lib"):
-        return (type(obj).__name__, freeze(vars(obj)))
-    return obj
 
 
 def _hash(label: object) -> bytes:

@@ -50,6 +50,7 @@ from course_lib.paged import BlockPool, FreeOrder
 from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
 )
+from course_lib.rollback import undoable
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Chunk, Schedule, ServingCore
 
@@ -151,7 +152,7 @@ class PagedEngine:
         kv = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                   num_layers=config.num_layers, dtype=model.dtype, device=model.device,
                   free_order=free_order)
-        pool_type = PrefixCachingBlockPool if prefix_caching else BlockPool
+        pool_type = undoable(PrefixCachingBlockPool if prefix_caching else BlockPool)
         self.core = ServingCore(scheduler, pool_type(num_blocks, block_size, **kv),
                                 chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
@@ -250,20 +251,21 @@ class PagedEngine:
         """
         if not self.core.unfinished:
             raise ValueError("nothing to run: add requests first")
-        checkpoint, taken = self.core.checkpoint(), ([], [])
+        log = self.core.checkpoint()
         totals, step_index = dict(self._totals), self.step_index
         try:
             schedule = self.core.schedule()
-            taken = self.core.save_taken_kv(checkpoint, self.model.config.num_layers)
             logits = self._forward(list(schedule.chunks)) if schedule.chunks else None
             eos = self.model.config.eos_token_ids
             new_tokens = self.core.advance(
                 schedule, lambda i, request, sample: request.add_token(sample, logits[i], eos))
-            return self._report(schedule, self.core.retire(new_tokens), new_tokens)
+            report = self._report(schedule, self.core.retire(new_tokens), new_tokens)
         except BaseException:
-            self.core.restore(checkpoint, taken)
+            self.core.restore(log)
             self._totals, self.step_index = totals, step_index
             raise
+        self.core.commit(log)
+        return report
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """One pass over every chunk; the logits of each chunk's last token."""
