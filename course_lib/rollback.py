@@ -65,7 +65,10 @@ class UndoablePool:
     """The mutators of a block pool, recording their undo in ``undo_log`` when one is
     attached (``attach``); without one they are the pool's own, plus one check."""
 
-    undo_log: UndoLog | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As the pool's own constructor; no log attached."""
+        super().__init__(*args, **kwargs)
+        self.attach(None)
 
     def attach(self, log: UndoLog | None) -> None:
         """Start recording into ``log`` (None stops recording)."""
