@@ -21,7 +21,7 @@ saves the queue's order once.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -111,6 +111,18 @@ class UndoablePool:
             log.add(lambda: self._free.pop(block_id))
             self._freed_in_log.add(block_id)
         return super().free(block_id)
+
+    def free_batch(self, block_ids: Any) -> None:
+        log = self.undo_log
+        if log is None:
+            return super().free_batch(block_ids)
+        ids = self._checked_batch(block_ids)
+        for block_id, count in Counter(ids).items():
+            self._note_block(log, block_id)
+            if self._ref[block_id] == count:
+                log.add(lambda block_id=block_id: self._free.pop(block_id))
+                self._freed_in_log.add(block_id)
+        return super().free_batch(ids)
 
     def share(self, block_id: int) -> None:
         log = self.undo_log

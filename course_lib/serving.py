@@ -251,8 +251,9 @@ class ServingCore:
         self._salts.add(salt)
 
     def abort(self, request_id: int) -> ServingRequest:
-        """Stop an unfinished request: free its blocks, end its samples with ``"abort"``."""
-        if request_id not in self.unfinished:
+        """Stop an unfinished request: free its blocks, end its samples with ``"abort"``.
+        The id is checked before anything changes (``True`` is not request 1)."""
+        if type(request_id) is not int or request_id not in self.unfinished:
             raise ValueError(f"request {request_id!r} is not running or waiting "
                              f"(unknown, finished or aborted)")
         request = self.requests[request_id]
