@@ -177,11 +177,13 @@ class BlockPool:
     def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
         """``block_ids`` as a list, if each is held at least as often as it is named."""
         ids = check_list("block_ids", block_ids)
-        for block_id, count in Counter(ids).items():
+        for block_id in ids:
             self._check_held(block_id)
-            if count > self._ref[block_id]:
-                raise ValueError(f"block {block_id} is named {count} times but held "
-                                 f"{self._ref[block_id]} times")
+        if len(set(ids)) != len(ids):
+            for block_id, count in Counter(ids).items():
+                if count > self._ref[block_id]:
+                    raise ValueError(f"block {block_id} is named {count} times but held "
+                                     f"{self._ref[block_id]} times")
         return ids
 
     def _release(self, block_id: int) -> None:
@@ -379,8 +381,9 @@ class PagedKVManager:
             tracked = "tracks" if seq.token_ids is not None else "does not track"
             raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
-        cow = seq.length % self.block_size != 0 and self.pool.ref_count(seq.table[-1]) > 1
-        new_blocks = self.blocks_needed(seq.length + count) - len(seq.table)
+        size = self.block_size
+        cow = seq.length % size != 0 and self.pool.ref_count(seq.table[-1]) > 1
+        new_blocks = -(-(seq.length + count) // size) - len(seq.table)  # counts checked above
         self._require_free(new_blocks + int(cow))
         if cow:
             seq.table[-1] = self.pool.copy_on_write(seq.table[-1])

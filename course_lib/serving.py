@@ -180,6 +180,7 @@ class ServingCore:
         self.config, self.pool = config, pool
         self.chunked_prefill, self.lazy = chunked_prefill, lazy
         self.manager: PagedKVManager = kv_manager(pool)
+        self._caching = isinstance(self.manager, PrefixCachingKVManager)
         self.scheduler = Scheduler(config, [])
         self.swap = None if config.preemption != "swap" else SwapSpace(
             pool.num_blocks - 1 if config.swap_space_blocks is None
@@ -385,6 +386,8 @@ class ServingCore:
     def _decodes(self, step: _Step) -> int:
         """Decodes this step computes: the decoding samples, less those held back (a held
         sample whose request was preempted since is no longer decoding at all)."""
+        if not step.held:
+            return len(self._decoding)
         return len(self._decoding) - len(step.held & self._decoding.keys())
 
     def _due_now(self, held: set[str]) -> dict[int, list[str]]:
@@ -643,7 +646,7 @@ class ServingCore:
         length = self.manager.seq_len(sample.seq_id)
         if end <= length:
             return
-        if isinstance(self.manager, PrefixCachingKVManager):
+        if self._caching:
             self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
         else:
             self.manager.append_tokens(sample.seq_id, end - length)
