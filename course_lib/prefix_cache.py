@@ -52,34 +52,18 @@ def hash_block_tokens(
 ) -> BlockHash:
     """SHA-256 of (parent hash or ``ROOT_HASH``, the block's token ids, extra keys)."""
     parent = ROOT_HASH if parent is None else check_block_hash("parent", parent)
-    return _digest(parent, _packed_tokens(token_ids), _packed_keys(extra_keys))
-
-
-def _digest(parent: BlockHash, tokens: bytes, keys: bytes) -> BlockHash:
-    """The hash of a block from its parent's and its encoded tokens and keys."""
-    return hashlib.sha256(parent + tokens + keys).digest()
-
-
-def _packed_tokens(token_ids: Sequence[int]) -> bytes:
-    """A token count and 8-byte tokens, little-endian."""
+    digest = hashlib.sha256(parent)
     try:
-        return struct.pack(f"<Q{len(token_ids)}Q", len(token_ids), *token_ids)
+        digest.update(struct.pack(f"<Q{len(token_ids)}Q", len(token_ids), *token_ids))
     except struct.error:
         raise ValueError(f"token ids must be integers in [0, 2**64), got {token_ids!r}") from None
-
-
-def _packed_keys(extra_keys: Sequence[str]) -> bytes:
-    """A key count and each key length-prefixed in UTF-8."""
-    parts = [struct.pack("<Q", len(extra_keys))]
+    digest.update(struct.pack("<Q", len(extra_keys)))
     for key in extra_keys:
         if not isinstance(key, str):
             raise ValueError(f"extra keys must be strings, got {key!r}")
         encoded = key.encode()
-        parts.append(struct.pack("<Q", len(encoded)) + encoded)
-    return b"".join(parts)
-
-
-_NO_KEYS = _packed_keys(())
+        digest.update(struct.pack("<Q", len(encoded)) + encoded)
+    return digest.digest()
 
 
 def block_hashes(
@@ -105,17 +89,10 @@ def extend_chain(
 ) -> None:
     """Append to ``hashes``, the chain of a prefix of ``token_ids``, the blocks that have
     filled since (in place, so a growing sequence hashes each block once)."""
-    first, full = len(hashes), len(token_ids) // block_size
-    if first >= full:
-        return
-    salt = _NO_KEYS if cache_salt is None else _packed_keys((cache_salt,))
-    parent = hashes[-1] if hashes else ROOT_HASH
-    tokens = token_ids[first * block_size : full * block_size]
-    for index in range(first, full):
-        start = (index - first) * block_size
-        packed = _packed_tokens(tokens[start : start + block_size])
-        parent = _digest(parent, packed, salt if index == 0 else _NO_KEYS)
-        hashes.append(parent)
+    for index in range(len(hashes), len(token_ids) // block_size):
+        tokens = token_ids[index * block_size : (index + 1) * block_size]
+        salt = (cache_salt,) if index == 0 and cache_salt is not None else ()
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, salt))
 
 
 class PrefixCachingBlockPool(BlockPool):
