@@ -303,8 +303,8 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
     budget contiguous decoding at the paged run's average batch."""
     lines = [f"{'sweep':<7}{'KV slots':>9}{'max batch':>10}{'paged tok/s':>13}"
              f"{'avg batch':>10}{'preempt':>8}{'contig tok/s':>14}{'rows':>6}"
-             f"{'paged/contig':>14}{'own ms/pass':>13}{'contig':>8}"
-             f"{'contig@avg tok/s':>18}{'paged/it':>10}"]
+             f"{'own ms/pass':>13}{'contig':>8}{'contig@avg tok/s':>18}{'paged/it':>10}"
+             f"{'paged/contiguous':>18}"]
     for r in rows:
         contiguous = ("-" if r.contiguous_tokens_per_s is None
                       else f"{r.contiguous_tokens_per_s:.0f}")
@@ -316,7 +316,7 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
         lines.append(f"{r.sweep:<7}{r.budget_tokens:>9}{r.max_batch or '-':>10}"
                      f"{r.paged_tokens_per_s:>13.0f}{r.paged_avg_batch:>10.1f}"
                      f"{r.paged_preemptions:>8}{contiguous:>14}{r.contiguous_rows:>6}"
-                     f"{ratio:>14}{r.paged_own_ms:>13.2f}{own:>8}{at_avg:>18}{at_ratio:>10}")
+                     f"{r.paged_own_ms:>13.2f}{own:>8}{at_avg:>18}{at_ratio:>10}{ratio:>18}")
     return "\n".join(lines)
 
 
