@@ -7,8 +7,10 @@ Chapter 03 builds it, chapter 04 shares it, chapters 06 and 07 read real K/V thr
   for requests. A fresh pool hands out 1, 2, 3, ... in order. As in vLLM since May 2026
   (PR 42656), a freed block that holds nothing a later request could find goes to the
   *front* of the queue and is reused first; only cached blocks (``course_lib.prefix_cache``)
-  go to the back, in least-recently-freed order. ``free_order="fifo"`` restores vLLM's older
-  order, in which every freed block went to the back.
+  go to the back, in least-recently-freed order. A finished sequence's blocks are freed in
+  one batch, last block first (``free_batch``): its blocks without a hash go to the front
+  together, in that order, so its last block is the next one handed out. ``free_order="fifo"``
+  restores vLLM's older order, in which every freed block went to the back.
 * ``PagedKVManager`` keeps one block table per sequence (logical block i -> physical
   block), allocates a block only when the last one is full, forks sequences by sharing
   every block, and copies a shared, partly filled last block before writing into it
@@ -22,7 +24,7 @@ The pool can own the K/V tensors: one tensor per layer laid out
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -151,6 +153,38 @@ class BlockPool:
         if self._ref[block_id] == 0:
             self._release(block_id)
             self._events[block_id] = "freed"
+
+    def free_batch(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block of ``block_ids`` (all checked first, so a
+        refused call frees nothing), as one batch: the blocks it frees without a hash go to
+        the front of the queue together, in the order given, the cached ones to the back.
+
+        vLLM frees a finished request's blocks this way, last block first, so its last
+        block is handed out next and its first (cached) block is evicted last.
+        """
+        ids = self._checked_batch(block_ids)
+        front = []
+        for block_id in ids:
+            self._ref[block_id] -= 1
+            if self._ref[block_id] == 0:
+                self._free[block_id] = None
+                self._events[block_id] = "freed"
+                if self.free_order == "vllm" and not self._is_cached(block_id):
+                    front.append(block_id)
+        for block_id in reversed(front):
+            self._free.move_to_end(block_id, last=False)
+
+    def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
+        """``block_ids`` as a list, if each is held at least as often as it is named."""
+        ids = check_list("block_ids", block_ids)
+        for block_id in ids:
+            self._check_held(block_id)
+        if len(set(ids)) != len(ids):
+            for block_id, count in Counter(ids).items():
+                if count > self._ref[block_id]:
+                    raise ValueError(f"block {block_id} is named {count} times but held "
+                                     f"{self._ref[block_id]} times")
+        return ids
 
     def _release(self, block_id: int) -> None:
         """Queue a block nobody holds: to the back if cached (or under "fifo"), else the front.
@@ -349,8 +383,9 @@ class PagedKVManager:
             tracked = "tracks" if seq.token_ids is not None else "does not track"
             raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
-        cow = seq.length % self.block_size != 0 and self.pool.ref_count(seq.table[-1]) > 1
-        new_blocks = self.blocks_needed(seq.length + count) - len(seq.table)
+        size = self.block_size
+        cow = seq.length % size != 0 and self.pool.ref_count(seq.table[-1]) > 1
+        new_blocks = -(-(seq.length + count) // size) - len(seq.table)  # counts checked above
         self._require_free(new_blocks + int(cow))
         if cow:
             seq.table[-1] = self.pool.copy_on_write(seq.table[-1])
@@ -369,11 +404,12 @@ class PagedKVManager:
         self._install(child, list(seq.table), seq.length, ids)
 
     def free_sequence(self, seq_id: str) -> None:
-        """Drop a sequence, releasing its blocks tail first (so a cached prefix outlives it)."""
+        """Drop a sequence, releasing its blocks in one batch, last block first
+        (``BlockPool.free_batch``: its last block is reused first, a cached prefix outlives
+        it)."""
         seq = self._get(seq_id)
         del self._seqs[seq_id]
-        for block_id in reversed(seq.table):
-            self.pool.free(block_id)
+        self.pool.free_batch(seq.table[::-1])
 
     def holds(self, seq_id: str) -> bool:
         """Whether ``seq_id`` is a live sequence here."""

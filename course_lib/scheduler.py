@@ -187,18 +187,17 @@ class Scheduler:
         return index
 
     def withdraw(self, index: int) -> None:
-        """Take a waiting request out of the queue (it was aborted)."""
+        """Take a waiting request out of the queue (it was aborted); it neither waits nor
+        runs afterwards."""
+        check_int("request index", index, 0)
+        if index not in self._waiting:
+            raise ValueError(f"request {index!r} is not waiting")
         if self.config.policy == "priority":
-            entries = [e for e in self._heap if e[2] != index]
-            if len(entries) == len(self._heap):
-                raise ValueError(f"request {index!r} is not waiting")
-            heapq.heapify(entries)
-            self._heap = entries
+            self._heap = [e for e in self._heap if e[2] != index]
+            heapq.heapify(self._heap)
         else:
-            try:
-                self._fifo.remove(index)
-            except ValueError:
-                raise ValueError(f"request {index!r} is not waiting") from None
+            self._fifo.remove(index)
+        self._waiting.remove(index)
 
     def requeue(self, index: int) -> None:
         """A preempted request goes back to the front of the waiting queue (under

@@ -44,7 +44,6 @@ simulator's requests are), and refuses anything else.
 
 from __future__ import annotations
 
-import pickle
 import sys
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -53,10 +52,10 @@ from typing import Any, Literal
 from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
-    PrefixCachingBlockPool,
     PrefixCachingKVManager,
     extend_chain,
 )
+from course_lib.rollback import UndoablePool, UndoLog, saved_fields, saved_manager
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
 from course_lib.tier import TieredBlockPool
 from course_lib.validate import check_int
@@ -194,6 +193,7 @@ class ServingCore:
         self.chunked_prefill, self.lazy = chunked_prefill, lazy
         self.closed_loop = closed_loop
         self.manager: PagedKVManager = kv_manager(pool)
+        self._caching = isinstance(self.manager, PrefixCachingKVManager)
         self.scheduler = Scheduler(config, [])
         self.swap = None if config.preemption != "swap" else SwapSpace(
             pool.num_blocks - 1 if config.swap_space_blocks is None
@@ -267,8 +267,9 @@ class ServingCore:
         self._salts.add(salt)
 
     def abort(self, request_id: int) -> ServingRequest:
-        """Stop an unfinished request: free its blocks, end its samples with ``"abort"``."""
-        if request_id not in self.unfinished:
+        """Stop an unfinished request: free its blocks, end its samples with ``"abort"``.
+        The id is checked before anything changes (``True`` is not request 1)."""
+        if type(request_id) is not int or request_id not in self.unfinished:
             raise ValueError(f"request {request_id!r} is not running or waiting "
                              f"(unknown, finished or aborted)")
         request = self.requests[request_id]
@@ -400,6 +401,8 @@ class ServingCore:
     def _decodes(self, step: _Step) -> int:
         """Decodes this step computes: the decoding samples, less those held back (a held
         sample whose request was preempted since is no longer decoding at all)."""
+        if not step.held:
+            return len(self._decoding)
         return len(self._decoding) - len(step.held & self._decoding.keys())
 
     def _due_now(self, held: set[str]) -> dict[int, list[str]]:
@@ -674,7 +677,7 @@ class ServingCore:
         length = self.manager.seq_len(sample.seq_id)
         if end <= length:
             return
-        if isinstance(self.manager, PrefixCachingKVManager):
+        if self._caching:
             self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
         else:
             self.manager.append_tokens(sample.seq_id, end - length)
@@ -692,50 +695,71 @@ class ServingCore:
     # --- all or nothing --------------------------------------------------------------------
 
     _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_chains", "_due",
-                   "_ends", "_tickets", "swap")
+                   "_ends", "_tickets")
 
-    def checkpoint(self) -> bytes:
-        """Everything a step changes here, pickled (a deep copy), except the K/V tensors:
-        call ``save_taken_kv`` after ``schedule`` for those a rollback needs."""
-        state = {
-            "pool": {k: v for k, v in vars(self.pool).items() if k != "_kv"},
-            "manager": {k: v for k, v in vars(self.manager).items() if k != "pool"},
-            "scheduler": vars(self.scheduler),
-            "requests": {i: self.requests[i] for i in self.unfinished},
-            "core": {name: getattr(self, name) for name in self._STEP_STATE},
-            "cached_free": self._cached_free_blocks(),
-        }
-        return pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+    def checkpoint(self) -> UndoLog:
+        """Start a log of what the core changes from now on, for ``restore`` to undo (or
+        ``commit`` to keep): the pool, which must be undoable (``course_lib.rollback``),
+        logs its own changes, K/V included; the live requests' bookkeeping is saved here,
+        at a cost that grows with them, never with the pool."""
+        if not isinstance(self.pool, UndoablePool) or self.lazy:
+            raise ValueError(f"checkpoint needs an eager core over an undoable pool "
+                             f"(course_lib.rollback.undoable), got lazy={self.lazy}, "
+                             f"{type(self.pool).__name__}")
+        log = UndoLog()
+        for undo in self._saved_bookkeeping():
+            log.add(undo)
+        self.pool.attach(log)
+        return log
 
-    def _cached_free_blocks(self) -> list[int]:
-        """Free blocks that still hold a cached prefix."""
-        pool = self.pool
-        if not isinstance(pool, PrefixCachingBlockPool) or not pool.owns_kv:
-            return []
-        return [b for b in pool.free_blocks() if pool.block_hash(b) is not None]
+    def _saved_bookkeeping(self) -> list[Callable[[], None]]:
+        """How to put back every unfinished request, the scheduler, the manager and the
+        core's own state as they are now (everything a step changes but the pool)."""
+        scheduler = self.scheduler
+        undo = [saved_fields(scheduler, (n for n in vars(scheduler) if n != "_keys")),
+                saved_manager(self.manager), saved_fields(self, self._STEP_STATE)]
+        if self.swap is not None:
+            undo.append(saved_fields(self.swap, ("_held",)))
+        decoding = [(d, d.since, d.ticket) for d in self._decoding.values()]
+        chains = [(chain, len(chain)) for chain in self._chains.values()]
+        requests = [(r, r.preemptions, r.swapped, [_saved_sample(s) for s in r.samples])
+                    for r in map(self.requests.__getitem__, self.unfinished)]
 
-    def save_taken_kv(self, checkpoint: bytes, num_layers: int) -> tuple[list[int], list]:
-        """Copies of the K/V (``num_layers`` layers) of the free cached blocks the scheduled
-        step took: evicted ones get overwritten, and a rolled-back step must give them back
-        still cached (a block taken as a cache hit is only read; its copy is not needed)."""
-        pool = self.pool
-        taken = [b for b in pickle.loads(checkpoint)["cached_free"] if pool.ref_count(b)]
-        if not taken:
-            return [], []
-        return taken, [pool.kv_cache(layer)[taken].clone() for layer in range(num_layers)]
+        def undo_requests() -> None:
+            for entry, since, ticket in decoding:
+                entry.since, entry.ticket = since, ticket
+            for chain, length in chains:
+                del chain[length:]
+            for request, preemptions, swapped, samples in requests:
+                request.preemptions, request.swapped = preemptions, swapped
+                for restore_sample in samples:
+                    restore_sample()
+        return [*undo, undo_requests]
 
-    def restore(self, checkpoint: bytes, taken_kv: tuple[list[int], list] = ([], [])) -> None:
-        """Put back the state ``checkpoint`` saved and the K/V ``save_taken_kv`` copied."""
-        taken, saved = taken_kv
-        for layer, kv in enumerate(saved):
-            self.pool.kv_cache(layer)[taken] = kv
-        state = pickle.loads(checkpoint)
-        vars(self.pool).update(state["pool"])
-        vars(self.manager).update(state["manager"])
-        vars(self.scheduler).update(state["scheduler"])
-        for index, request in state["requests"].items():
-            self.requests[index] = request
-        vars(self).update(state["core"])
+    def restore(self, log: UndoLog) -> None:
+        """Undo everything since ``checkpoint`` returned ``log``."""
+        log.undo()
+        self.pool.attach(None)
+
+    def commit(self, log: UndoLog) -> None:
+        """Keep everything since ``checkpoint`` returned ``log``; stop logging."""
+        self.pool.attach(None)
+
+
+def _saved_sample(sample: Sample) -> Callable[[], None]:
+    """How to put ``sample`` back as it is now (its tokens only grow, so their count is
+    enough; its random generator's state is copied)."""
+    length, computed, decoding, reason = (len(sample.tokens), sample.computed,
+                                          sample.decoding, sample.finish_reason)
+    generator = sample.generator
+    state = None if generator is None else generator.get_state()
+
+    def undo() -> None:
+        del sample.tokens[length:]
+        sample.computed, sample.decoding, sample.finish_reason = computed, decoding, reason
+        if state is not None:
+            generator.set_state(state)
+    return undo
 
 
 @dataclass

@@ -348,10 +348,16 @@ def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
-    assert "paged/contiguous" in out and "tok/s" in out
-    off, on = (line.split() for line in out.splitlines()[-2:])
-    assert (off[0], on[0]) == ("off", "on") and off[2] == "0" and int(on[2]) > 0
+    lines = out.splitlines()
+    assert lines[2].split()[-1] == "paged/contiguous"  # last, as tools/gpu_check.sh reads it
+    assert "own ms/pass" in lines[2] and "contig@avg" in lines[2]
+    budget_rows = [line.split() for line in lines if line.startswith("budget")]
+    assert budget_rows and all(len(row) == 13 for row in budget_rows)  # contig@avg filled in
+    off, on = (line.split() for line in lines if line.startswith(("off ", "on ")))
+    assert off[2] == "0" and int(on[2]) > 0
     assert int(on[1]) + int(on[2]) == int(off[1])  # every cached token is one not computed
+    pools = [line.split() for line in lines[-2:]]
+    assert [row[0] for row in pools] == ["64", "4,096"] and pools[0][-1] == "1.00x"
 
 
 def test_bench_refuses_a_bad_request_count(capsys: pytest.CaptureFixture[str]) -> None:

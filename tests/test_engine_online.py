@@ -30,6 +30,7 @@ from course_lib.engine.requests import prepare_request
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import ServingCore
+from tests.frozen_state import freeze
 
 GREEDY = SamplingParams(max_tokens=5)
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18, 19]  # a shared "system prompt": 2 full blocks of 4
@@ -257,17 +258,23 @@ def test_any_add_abort_step_sequence_drains_without_a_leak(model, ops, caching, 
 
 
 def engine_state(engine: PagedEngine) -> tuple:
-    manager, pool = engine.manager, engine.pool
-    return (
-        {s: (manager.block_table(s), manager.seq_len(s)) for s in manager.sequences},
-        pool.free_blocks(),
-        [pool.ref_count(b) for b in range(pool.num_blocks)],
-        engine.stats(), engine.step_index,
-        [(s.tokens[:], s.computed, s.finish_reason) for r in engine.core.requests
-         for s in r.samples],
-        [pool.kv_cache(layer)[b].tolist() for layer in range(engine.model.config.num_layers)
-         for b in range(1, pool.num_blocks) if engine.prefix_caching and pool.block_hash(b)],
-    )
+    """Everything the engine holds but the model: every field of the core, its scheduler,
+    manager, pool and requests (orders included: the free queue's, each dict's), random
+    generators by state, and the K/V a later step reads (every live sequence's, every
+    cached block's)."""
+    pool, manager = engine.pool, engine.manager
+    fields = {k: v for k, v in vars(engine).items() if k != "model"}
+    kv = pool._kv
+    try:
+        pool._kv = None  # free blocks' K/V are garbage; the ones read are compared below
+        frozen = freeze(fields)
+    finally:
+        pool._kv = kv
+    layers = range(engine.model.config.num_layers)
+    live = [freeze(manager.read_kv(s, layer)) for s in manager.sequences for layer in layers]
+    cached = [b for b in range(1, pool.num_blocks)
+              if engine.prefix_caching and pool.block_hash(b) is not None]
+    return frozen, live, [freeze(pool.kv_cache(layer)[cached]) for layer in layers]
 
 
 class Injected(RuntimeError):

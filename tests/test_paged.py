@@ -253,9 +253,32 @@ def test_golden_trace_of_three_samples_two_copies_and_the_free_order() -> None:
     assert [manager.block_table(n) for n in samples] == [(1, 3, 5), (1, 4, 6), (1, 2, 7)]
     assert [pool.ref_count(b) for b in range(1, 8)] == [3, 1, 1, 1, 1, 1, 1]
     assert pool.free_blocks() == (8, 9)
-    manager.free_sequence("s1")
-    assert pool.free_blocks() == (4, 6, 8, 9) and pool.ref_count(1) == 2
-    assert [pool.allocate() for _ in range(3)] == [4, 6, 8]
+    manager.free_sequence("s1")  # one batch, last block first: 6 then 4 at the front
+    assert pool.free_blocks() == (6, 4, 8, 9) and pool.ref_count(1) == 2
+    assert [pool.allocate() for _ in range(3)] == [6, 4, 8]
+
+
+@pytest.mark.parametrize(("free_order", "queue"), [("vllm", (3, 2, 1, 4, 5)),
+                                                   ("fifo", (4, 5, 3, 2, 1))])
+def test_a_freed_sequence_returns_its_blocks_as_vllm_does(free_order, queue) -> None:
+    """vLLM (PR 42656) frees a request's blocks in one batch, last block first: without a
+    hash they go to the front together, so the last block is handed out next."""
+    manager = PagedKVManager(BlockPool(6, 4, free_order=free_order))
+    manager.add_sequence("a", 10)
+    manager.free_sequence("a")
+    assert manager.pool.free_blocks() == queue
+
+
+def test_free_batch_checks_every_block_before_freeing_any() -> None:
+    pool = BlockPool(6, 4)
+    taken = [pool.allocate() for _ in range(3)]
+    before = (pool.free_blocks(), [pool.ref_count(b) for b in range(6)])
+    for bad, message in (([taken[0], 5], "block 5 is free"),
+                         ([taken[1], taken[1]], "named 2 times but held 1"),
+                         ([taken[2], True], "must be an int")):
+        with pytest.raises(ValueError, match=message):
+            pool.free_batch(bad)
+        assert (pool.free_blocks(), [pool.ref_count(b) for b in range(6)]) == before
 
 
 def test_fork_with_a_full_last_block_needs_no_copy() -> None:
@@ -274,7 +297,7 @@ def test_free_sequence_releases_blocks_tail_first_and_keeps_shared_ones() -> Non
     manager.free_sequence("a")
     assert manager.pool.num_free == 2
     manager.free_sequence("b")
-    assert manager.pool.free_blocks() == (1, 2, 3, 4, 5)  # 3 first, then 2, then 1 in front
+    assert manager.pool.free_blocks() == (3, 2, 1, 4, 5)  # one batch at the front, tail first
     assert manager.sequences == ()
 
 

@@ -8,9 +8,8 @@ bookkeeping invariants must hold.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -28,7 +27,9 @@ from course_lib.prefix_cache import (
     block_hashes,
 )
 from course_lib.scheduler import Scheduler, SchedulerConfig
+from course_lib.serving import Sample, ServingCore, ServingRequest
 from course_lib.workload import Request
+from tests.frozen_state import freeze
 
 NUM_BLOCKS, BLOCK, HEADS, DIM = 9, 4, 1, 2
 REFUSED = (ValueError, OutOfBlocks)
@@ -36,22 +37,6 @@ SETTINGS = settings(max_examples=30, stateful_step_count=50, deadline=None,
                     derandomize=True, database=None)
 
 Call = tuple[str, Callable[[], object]]
-
-
-def freeze(obj: object) -> object:
-    """Everything reachable from ``obj`` as nested tuples that compare by value *and* order
-    (the free queue's order and the order of a hash's holders are state too)."""
-    if isinstance(obj, torch.Tensor):
-        return ("tensor", obj.dtype, tuple(obj.shape), obj.detach().cpu().numpy().tobytes())
-    if isinstance(obj, dict):
-        return ("dict", tuple((key, freeze(value)) for key, value in obj.items()))
-    if isinstance(obj, list | tuple | deque):
-        return (type(obj).__name__, tuple(freeze(value) for value in obj))
-    if isinstance(obj, set | frozenset):
-        return ("set", frozenset(obj))
-    if dataclasses.is_dataclass(obj) or type(obj).__module__.startswith("course_lib"):
-        return (type(obj).__name__, freeze(vars(obj)))
-    return obj
 
 
 def _hash(label: object) -> bytes:
@@ -202,6 +187,14 @@ class ManagerMachine(RuleBasedStateMachine):
         self.pool.free(block)
         self.held[block] -= 1
 
+    @precondition(lambda self: +self.held)
+    @rule(data=st.data())
+    def pool_free_batch(self, data: st.DataObject) -> None:
+        held = sorted((+self.held).elements())
+        blocks = data.draw(st.permutations(held).map(lambda p: p[: max(1, len(p) // 2)]))
+        self.pool.free_batch(blocks)
+        self.held.subtract(blocks)
+
     @precondition(lambda self: self.pool.num_used)
     @rule(data=st.data())
     def pool_share(self, data: st.DataObject) -> None:
@@ -273,6 +266,11 @@ class ManagerMachine(RuleBasedStateMachine):
                       (f"share({block!r})", lambda b=block: pool.share(b)),
                       (f"copy_on_write({block!r})", lambda b=block: pool.copy_on_write(b))]
         calls += [(f"ref_count({b!r})", lambda b=b: pool.ref_count(b)) for b in foreign]
+        held = sorted(+self.held)
+        calls += [(f"free_batch({[*held[:1], b]!r})", lambda b=b: pool.free_batch([*held[:1], b]))
+                  for b in foreign + unheld]
+        calls += [(f"free_batch of block {b} once more than held",
+                   lambda b=b: pool.free_batch([b] * (pool.ref_count(b) + 1))) for b in held[:2]]
         alone = [b for b in range(1, NUM_BLOCKS) if pool.ref_count(b) == 1]
         calls += [(f"copy_on_write({b}) of an unshared block", lambda b=b: pool.copy_on_write(b))
                   for b in alone[:2]]
@@ -484,6 +482,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             self.finished.add(index)
 
+    @precondition(lambda self: self.scheduler.num_waiting)
+    @rule(data=st.data())
+    def withdraw(self, data: st.DataObject) -> None:
+        s = self.scheduler
+        waiting = [i for i in range(len(TRACE)) if i not in self.new and i not in self.finished
+                   and i not in s.running]
+        index = data.draw(st.sampled_from(waiting))
+        s.withdraw(index)
+        self.finished.add(index)
+
     @rule(data=st.data())
     def refused(self, data: st.DataObject) -> None:
         s = self.scheduler
@@ -500,6 +508,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         calls: list[Call] = [
             *[(f"{verb}({i!r})", lambda i=i, verb=verb: getattr(s, verb)(i))
               for verb in ("arrive", "requeue") for i in bad + queued[:4]],
+            *[(f"withdraw({i!r})", lambda i=i: s.withdraw(i))
+              for i in [*bad, *s.running, *self.new[:1], *sorted(self.finished)[:2]]],
             *[(f"stop({i!r})", lambda i=i: s.stop(i))
               for i in [*bad, *[i for i in range(len(TRACE)) if i not in s.running][:2]]],
             *[(f"admits({p!r}, {t!r})", lambda p=p, t=t: s.admits(p, t))
@@ -537,3 +547,66 @@ TestRefusedSchedulerCalls.settings = SETTINGS
 def test_construction_and_empty_scheduler_errors_name_the_value(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+class ServingCoreMachine(RuleBasedStateMachine):
+    """Requests added, stepped and aborted through the serving core, interleaved with
+    refused aborts (``True`` is not request 1, ``1.0`` is no id): a refused call changes
+    nothing, and an aborted request's blocks are all free again."""
+
+    @initialize(policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans())
+    def start(self, policy: str, caching: bool) -> None:
+        pool = (PrefixCachingBlockPool if caching else BlockPool)(NUM_BLOCKS, BLOCK)
+        self.core = ServingCore(SchedulerConfig(policy=policy, max_num_batched_tokens=6), pool)
+
+    @precondition(lambda self: len(self.core.requests) < 6)
+    @rule(prompt=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+          max_tokens=st.integers(1, 4), n=st.integers(1, 2), priority=st.integers(0, 2))
+    def add(self, prompt: list[int], max_tokens: int, n: int, priority: int) -> None:
+        index = len(self.core.requests)
+        samples = [Sample(f"r{index}.{k}", list(prompt)) for k in range(n)]
+        request = ServingRequest(index, tuple(prompt), max_tokens, priority, samples)
+        try:
+            self.core.check_fits(request)
+        except ValueError:
+            return
+        self.core.add(request)
+
+    @precondition(lambda self: self.core.unfinished)
+    @rule()
+    def step(self) -> None:
+        core = self.core
+        core.retire(core.advance(core.schedule(),
+                                 lambda i, request, sample: request.append_token(sample, 1, ())))
+
+    @precondition(lambda self: self.core.unfinished)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        index = data.draw(st.sampled_from(sorted(self.core.unfinished)))
+        request = self.core.abort(index)
+        assert all(s.finish_reason is not None for s in request.samples)
+        assert not any(self.core.manager.holds(s.seq_id) for s in request.samples)
+
+    @rule(data=st.data())
+    def refused_abort(self, data: st.DataObject) -> None:
+        core = self.core
+        ended = [i for i in range(len(core.requests)) if i not in core.unfinished]
+        bad = data.draw(st.sampled_from([True, False, 1.0, "0", None, -1, len(core.requests),
+                                         *ended[:2]]))
+        note(f"refused: abort({bad!r})")
+        before = freeze(vars(core))
+        with pytest.raises(ValueError, match="is not running or waiting"):
+            core.abort(bad)
+        assert freeze(vars(core)) == before, f"abort({bad!r}) changed the core"
+
+    @invariant()
+    def blocks_are_held_only_by_unfinished_requests(self) -> None:
+        core = self.core
+        held = {s.seq_id for i in core.unfinished for s in core.requests[i].samples}
+        assert set(core.manager.sequences) <= held
+        if not core.unfinished:
+            assert core.pool.num_used == 0 and not core.scheduler.num_waiting
+
+
+TestRefusedServingCoreCalls = ServingCoreMachine.TestCase
+TestRefusedServingCoreCalls.settings = SETTINGS

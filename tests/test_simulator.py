@@ -74,7 +74,7 @@ def test_paged_example_redraws_the_pool() -> None:
     assert [b.event for b in at_preemption.blocks] == [None, None, "freed", None]
     assert at_preemption.blocks[0].is_null and at_preemption.num_free == 1
     resumed = result.pool_at(4)
-    assert resumed.tables == {"1": (1, 3)}  # uncached freed blocks go to the front: 1, 3, 2
+    assert resumed.tables == {"1": (3, 1)}  # 0's (1, 3) went back to the front last first: 3, 1, 2
     assert [b.event for b in resumed.blocks] == [None, "allocated", None, "allocated"]
     assert [b.owners for b in resumed.blocks] == [(), ("1",), (), ("1",)]
 

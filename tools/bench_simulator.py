@@ -1,23 +1,38 @@
 """Time the simulator on the source guide's study and print its figures beside the guide's.
 
     .venv/bin/python tools/bench_simulator.py
+    .venv/bin/python tools/bench_simulator.py --against fd55e84 [--rounds 3]
 
 Issue 14's budgets, since paged runs go through the serving core: the 3,000-chat study on
 all three allocators in at most 2 s in total, and the block-size sweep (16 to 512) in at
-most 5 s, on a 2-core machine (issue 3 had allowed 5 s and 20 s).
+most 5 s, on a 2-core machine (issue 3 had allowed 5 s and 20 s); issue 21's: the
+prefix-caching study under 1.5 s.
+
+``--against COMMIT`` times this checkout's simulator side by side with the one of a git
+commit (``course_lib`` as it was there, extracted with ``git archive``): each round runs
+both, alternating, in fresh processes, and the medians' ratios are printed per part
+(trace, study, sweep, prefix caching).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from course_lib.simulator import SimConfig, SimResult, simulate
 from course_lib.workload import support_chat, trace_stats
 
 STUDY_BUDGET_S = 2.0
 SWEEP_BUDGET_S = 5.0
+PREFIX_BUDGET_S = 1.5
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
 
 
@@ -91,10 +106,9 @@ def main() -> int:
          f"{sweep[512].avg_batch:.1f} overall"),
     ]
 
-    wall, cpu = time.perf_counter(), time.process_time()
-    cached = simulate(trace, replace(SimConfig(), prefix_caching=True))
-    print(f"\nprefix caching (chapter 05): {time.perf_counter() - wall:.2f} s wall "
-          f"{time.process_time() - cpu:.2f} s CPU; same preemptions: "
+    cached, prefix_s, prefix_cpu = timed(trace, replace(SimConfig(), prefix_caching=True))
+    print(f"\nprefix caching (chapter 05): {prefix_s:.2f} s wall {prefix_cpu:.2f} s CPU "
+          f"(budget {PREFIX_BUDGET_S:g} s); same preemptions: "
           f"{cached.preemptions == paged.preemptions}")
     rows.append(("paged 16 + prefix caching: recomputed", "-",
                  f"{cached.recomputed_tokens:,} ({cached.reused_tokens:,} found cached)"))
@@ -103,11 +117,88 @@ def main() -> int:
     print(f"\n{'figure':<{width}}  {'guide':>15}  course")
     for label, guide, course in rows:
         print(f"{label:<{width}}  {guide:>15}  {course}")
-    within = study_s <= STUDY_BUDGET_S and sweep_s <= SWEEP_BUDGET_S
+    within = (study_s <= STUDY_BUDGET_S and sweep_s <= SWEEP_BUDGET_S
+              and prefix_s <= PREFIX_BUDGET_S)
     print(f"\nstudy {study_s:.2f} s of {STUDY_BUDGET_S:g}, sweep {sweep_s:.2f} s of "
-          f"{SWEEP_BUDGET_S:g}: {'within budget' if within else 'OVER BUDGET'}")
+          f"{SWEEP_BUDGET_S:g}, prefix caching {prefix_s:.2f} s of {PREFIX_BUDGET_S:g}: "
+          f"{'within budget' if within else 'OVER BUDGET'}")
     return 0 if within else 1
 
 
+PARTS = ("trace", "study", "sweep", "prefix caching")
+
+TIMING_SCRIPT = """
+import json, sys, time
+from dataclasses import replace
+from course_lib.simulator import SimConfig, simulate
+from course_lib.workload import support_chat
+def part(run):
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = run()
+    return value, time.perf_counter() - wall, time.process_time() - cpu
+trace, *trace_t = part(support_chat)
+times = {"trace": trace_t}
+for name, configs in (("study", [SimConfig(allocator=a) for a in
+                                 ("reserve-max", "exact-size", "paged")]),
+                      ("sweep", [replace(SimConfig(), block_size=b)
+                                 for b in json.loads(sys.argv[1])]),
+                      ("prefix caching", [replace(SimConfig(), prefix_caching=True)])):
+    total = [0.0, 0.0]
+    for config in configs:
+        _, wall, cpu = part(lambda: simulate(trace, config))
+        total = [total[0] + wall, total[1] + cpu]
+    times[name] = total
+print(json.dumps(times))
+"""
+
+
+def _time_once(library: Path) -> dict[str, list[float]]:
+    """One run of every part in a fresh process importing ``course_lib`` from ``library``:
+    {part: [wall s, CPU s]}."""
+    done = subprocess.run([sys.executable, "-c", TIMING_SCRIPT, json.dumps(BLOCK_SIZES)],
+                          cwd=library, check=True,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(library)})
+    return json.loads(done.stdout)
+
+
+def compare(commit: str, rounds: int) -> int:
+    """This checkout against ``commit``, side by side: medians of ``rounds`` alternating
+    runs of each part, and their ratios (this over that)."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as old:
+        archive = subprocess.run(["git", "archive", commit, "course_lib"], cwd=root,
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        runs: dict[str, list[dict[str, list[float]]]] = {"this": [], commit: []}
+        for _ in range(rounds):
+            runs["this"].append(_time_once(root))
+            runs[commit].append(_time_once(Path(old)))
+    print(f"simulator: this checkout vs {commit}, median of {rounds} alternating rounds")
+    print(f"{'part':<16}{'this wall':>10}{'that wall':>10}{'ratio':>8}"
+          f"{'this CPU':>10}{'that CPU':>10}{'ratio':>8}")
+    medians = {side: {p: [statistics.median(r[p][k] for r in results) for k in (0, 1)]
+                      for p in PARTS} for side, results in runs.items()}
+    totals = {side: [sum(m[p][k] for p in PARTS[:3]) for k in (0, 1)]
+              for side, m in medians.items()}
+    rows = [(p, medians["this"][p], medians[commit][p]) for p in PARTS]
+    rows.insert(3, ("trace+study+sweep", totals["this"], totals[commit]))
+    for name, this, that in rows:
+        print(f"{name:<16}{this[0]:>9.2f}s{that[0]:>9.2f}s{this[0] / that[0]:>7.2f}x"
+              f"{this[1]:>9.2f}s{that[1]:>9.2f}s{this[1] / that[1]:>7.2f}x")
+    return 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """``main``, or with ``--against COMMIT`` the side-by-side comparison."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", metavar="COMMIT",
+                        help="compare with the simulator of this git commit")
+    parser.add_argument("--rounds", type=int, default=3, choices=range(1, 21),
+                        metavar="1..20", help="alternating rounds (default 3)")
+    args = parser.parse_args(argv)
+    return compare(args.against, args.rounds) if args.against else main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -65,7 +65,10 @@ def test() -> None:
     install()
     _run(BIN / "ruff", "check", ".")
     _run(PYTHON, "tools/notebooks.py", "check")
-    _run(PYTHON, "-m", "pytest", "tests", "notebooks", "solutions",
+    # One worker per core; --dist loadfile keeps a notebook's cells (and a test file's
+    # module fixtures) in one worker.
+    _run(PYTHON, "-m", "pytest", "tests", "notebooks", "solutions", "-n", "auto",
+         "--dist", "loadfile", "--durations", "15",
          "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/sanitize.cfg")
 
 

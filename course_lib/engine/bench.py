@@ -60,6 +60,7 @@ class BenchSetup:
     block_size: int
     budgets: tuple[int, ...]
     batches: tuple[int, ...]
+    pool_sizes: tuple[int, ...] = (256, 30_720)
     seed: int = 0
 
 
@@ -69,7 +70,7 @@ MAX_REQUESTS = 4096
 """Most requests one measurement may take (the GPU setup uses 256)."""
 
 SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
-                   batches=(4,))
+                   batches=(4,), pool_sizes=(64, 4096))
 CPU = BenchSetup(requests=32, max_len=128, median_total=48, block_size=16,
                  budgets=(256, 512, 1024), batches=(1, 4, 16))
 GPU = BenchSetup(requests=256, max_len=512, median_total=160, block_size=16,
@@ -88,6 +89,9 @@ class BenchRow:
     paged_preemptions: int
     contiguous_tokens_per_s: float | None
     contiguous_rows: int
+    paged_own_ms: float
+    contiguous_own_ms: float | None
+    at_avg_batch_tokens_per_s: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -95,6 +99,23 @@ class BenchRow:
         if not self.contiguous_tokens_per_s:
             return None
         return self.paged_tokens_per_s / self.contiguous_tokens_per_s
+
+    @property
+    def at_avg_batch_ratio(self) -> float | None:
+        """Paged throughput over contiguous decoding at the paged run's average batch."""
+        if not self.at_avg_batch_tokens_per_s:
+            return None
+        return self.paged_tokens_per_s / self.at_avg_batch_tokens_per_s
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """The same requests on a pool of ``num_blocks``: the steps, and each step's own time
+    (what it costs beyond the model's forward)."""
+
+    num_blocks: int
+    steps: int
+    own_ms_per_step: float
 
 
 @dataclass(frozen=True)
@@ -116,32 +137,114 @@ def bench_requests(setup: BenchSetup, vocab_size: int) -> list[GenerationRequest
             for r in trace]
 
 
-def _timed(run: Callable[[], object]) -> float:
-    """Wall-clock seconds of ``run()``, GPU work included."""
-    start = time.perf_counter()
-    run()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+class ForwardTimer:
+    """Inside ``with``: the calls of ``model.next_token_logits`` (one forward pass each,
+    attention included) and the seconds spent in them, so that the rest of a run is the
+    engine's own work."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model, self.seconds, self.calls = model, 0.0, 0
+
+    def __enter__(self) -> ForwardTimer:
+        forward = self.model.next_token_logits
+
+        def timed(*args: object, **kwargs: object) -> torch.Tensor:
+            start = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+        self.model.next_token_logits = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.model.next_token_logits
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed run: wall-clock seconds, those outside the model's forward, and passes."""
+
+    seconds: float
+    own_seconds: float
+    passes: int
+
+    @property
+    def own_ms_per_pass(self) -> float:
+        """The engine's own milliseconds per forward pass (per step for the paged engine)."""
+        return 1e3 * self.own_seconds / self.passes
+
+
+def _timed(model: LlamaModel, run: Callable[[], object]) -> Timing:
+    """Time ``run()``, GPU work included, and the part of it outside the model's forward."""
+    with ForwardTimer(model) as forward:
+        start = time.perf_counter()
+        run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    return Timing(seconds, seconds - forward.seconds, forward.calls)
 
 
 def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSetup,
             budget: int, max_batch: int | None, decode_attention: DecodeAttention,
             sweep: str) -> BenchRow:
-    """Time both engines on ``requests`` with ``budget`` KV slots (and a batch limit)."""
+    """Time both engines on ``requests`` with ``budget`` KV slots (and a batch limit); for
+    a memory-limited budget also contiguous decoding at the paged run's average batch,
+    with memory to spare (what paging's larger batch should be worth)."""
     generated = sum(r.params.max_tokens for r in requests)
     engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
                          block_size=setup.block_size, decode_attention=decode_attention,
                          scheduler=SchedulerConfig(max_num_seqs=max_batch))
-    paged_s = _timed(lambda: engine.generate(requests))
+    paged = _timed(model, lambda: engine.generate(requests))
     stats = engine.stats()
     rows = budget // setup.max_len if max_batch is None else max_batch
-    contiguous_s = None
+    contiguous = at_avg = None
     if rows:
-        contiguous_s = _timed(lambda: generate(model, requests, max_batch=rows,
-                                               max_len=setup.max_len))
-    return BenchRow(sweep, budget, max_batch, generated / paged_s, stats.avg_batch,
-                    stats.preemptions, generated / contiguous_s if contiguous_s else None, rows)
+        contiguous = _timed(model, lambda: generate(model, requests, max_batch=rows,
+                                                    max_len=setup.max_len))
+    if max_batch is None:
+        batch = max(1, round(stats.avg_batch))
+        at_avg = _timed(model, lambda: generate(model, requests, max_batch=batch,
+                                                max_len=setup.max_len))
+    return BenchRow(
+        sweep, budget, max_batch, generated / paged.seconds, stats.avg_batch,
+        stats.preemptions, generated / contiguous.seconds if contiguous else None, rows,
+        paged.own_ms_per_pass, contiguous.own_ms_per_pass if contiguous else None,
+        generated / at_avg.seconds if at_avg else None)
+
+
+POOL_BENCH_REQUESTS = 8
+"""Requests the pool-size table serves (chapter 01's 30,720-block pool holds them easily)."""
+
+
+def run_pool_bench(setup: BenchSetup, dtype: torch.dtype, device: str,
+                   decode_attention: DecodeAttention) -> list[PoolRow]:
+    """The same few requests on the tiny model, on a pool of each of ``setup.pool_sizes``
+    blocks: a step's bookkeeping must cost what the step changes, not what the pool
+    holds."""
+    model = random_model(tiny_config(), seed=0, dtype=dtype, device=device)
+    requests = bench_requests(replace(setup, requests=POOL_BENCH_REQUESTS),
+                              model.config.vocab_size)
+    rows = []
+    for num_blocks in setup.pool_sizes:
+        engine = PagedEngine(model, num_blocks=num_blocks, block_size=setup.block_size,
+                             decode_attention=decode_attention)
+        engine.generate(requests[:1])  # warm-up
+        timing = _timed(model, lambda engine=engine: engine.generate(requests))
+        rows.append(PoolRow(num_blocks, timing.passes, timing.own_ms_per_pass))
+    return rows
+
+
+def format_pool_rows(rows: Sequence[PoolRow]) -> str:
+    """Pool sizes side by side, each against the smallest."""
+    lines = [f"{'pool blocks':>12}{'steps':>7}{'own ms/step':>13}{'vs smallest':>13}"]
+    lines += [f"{r.num_blocks:>12,}{r.steps:>7}{r.own_ms_per_step:>13.3f}"
+              f"{r.own_ms_per_step / rows[0].own_ms_per_step:>12.2f}x" for r in rows]
+    return "\n".join(lines)
 
 
 def prefix_requests(setup: BenchSetup, vocab_size: int) -> list[GenerationRequest]:
@@ -163,7 +266,7 @@ def run_prefix_bench(model: LlamaModel, setup: BenchSetup,
     for caching in (False, True):
         engine = PagedEngine(model, num_blocks=blocks, block_size=setup.block_size,
                              decode_attention=decode_attention, prefix_caching=caching)
-        seconds = _timed(lambda engine=engine: engine.generate(requests))
+        seconds = _timed(model, lambda engine=engine: engine.generate(requests)).seconds
         stats = engine.stats()
         rows.append(PrefixRow(caching, generated / seconds, stats.prefill_tokens,
                               stats.cached_tokens))
@@ -194,18 +297,26 @@ def run_bench(model: LlamaModel, setup: BenchSetup,
 
 
 def format_rows(rows: Sequence[BenchRow]) -> str:
-    """The sweeps as a plain-text table, paged and contiguous side by side."""
+    """The sweeps as a plain-text table, paged and contiguous side by side: throughput,
+    each forward pass's own time (the step minus the model's forward; the contiguous
+    baseline runs a second pass in a step that admits), and for a memory-limited
+    budget contiguous decoding at the paged run's average batch."""
     lines = [f"{'sweep':<7}{'KV slots':>9}{'max batch':>10}{'paged tok/s':>13}"
              f"{'avg batch':>10}{'preempt':>8}{'contig tok/s':>14}{'rows':>6}"
+             f"{'own ms/pass':>13}{'contig':>8}{'contig@avg tok/s':>18}{'paged/it':>10}"
              f"{'paged/contiguous':>18}"]
     for r in rows:
         contiguous = ("-" if r.contiguous_tokens_per_s is None
                       else f"{r.contiguous_tokens_per_s:.0f}")
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        own = "-" if r.contiguous_own_ms is None else f"{r.contiguous_own_ms:.2f}"
+        at_avg = ("-" if r.at_avg_batch_tokens_per_s is None
+                  else f"{r.at_avg_batch_tokens_per_s:.0f}")
+        at_ratio = "-" if r.at_avg_batch_ratio is None else f"{r.at_avg_batch_ratio:.2f}x"
         lines.append(f"{r.sweep:<7}{r.budget_tokens:>9}{r.max_batch or '-':>10}"
                      f"{r.paged_tokens_per_s:>13.0f}{r.paged_avg_batch:>10.1f}"
                      f"{r.paged_preemptions:>8}{contiguous:>14}{r.contiguous_rows:>6}"
-                     f"{ratio:>18}")
+                     f"{r.paged_own_ms:>13.2f}{own:>8}{at_avg:>18}{at_ratio:>10}{ratio:>18}")
     return "\n".join(lines)
 
 
@@ -266,6 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_rows(run_bench(model, setup, decode_attention)))
     print(f"\nthe same requests behind a shared {setup.median_total}-token system prompt:")
     print(format_prefix_rows(run_prefix_bench(model, setup, decode_attention)))
+    print(f"\n{POOL_BENCH_REQUESTS} of the requests on the tiny model, on pools of "
+          f"{' and '.join(f'{n:,}' for n in setup.pool_sizes)} blocks (own: the step minus "
+          f"the model's forward):")
+    print(format_pool_rows(run_pool_bench(setup, dtype, device, decode_attention)))
     return 0
 
 

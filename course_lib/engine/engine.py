@@ -50,6 +50,7 @@ from course_lib.paged import BlockPool, FreeOrder
 from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
 )
+from course_lib.rollback import undoable
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Chunk, Schedule, ServingCore
 from course_lib.tier import CpuTier, TieredBlockPool
@@ -159,9 +160,10 @@ class PagedEngine:
         if cpu_tier_bytes and not prefix_caching:
             raise ValueError(f"cpu_tier_bytes={cpu_tier_bytes} needs prefix_caching=True")
         if cpu_tier_bytes:  # evicted cached blocks' K/V kept on the CPU (course_lib.tier)
-            pool = TieredBlockPool(num_blocks, block_size, tier=CpuTier(cpu_tier_bytes), **kv)
+            pool = undoable(TieredBlockPool)(num_blocks, block_size,
+                                             tier=CpuTier(cpu_tier_bytes), **kv)
         else:
-            pool = (PrefixCachingBlockPool if prefix_caching else BlockPool)(
+            pool = undoable(PrefixCachingBlockPool if prefix_caching else BlockPool)(
                 num_blocks, block_size, **kv)
         self.core = ServingCore(scheduler, pool, chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
@@ -260,20 +262,21 @@ class PagedEngine:
         """
         if not self.core.unfinished:
             raise ValueError("nothing to run: add requests first")
-        checkpoint, taken = self.core.checkpoint(), ([], [])
+        log = self.core.checkpoint()
         totals, step_index = dict(self._totals), self.step_index
         try:
             schedule = self.core.schedule()
-            taken = self.core.save_taken_kv(checkpoint, self.model.config.num_layers)
             logits = self._forward(list(schedule.chunks)) if schedule.chunks else None
             eos = self.model.config.eos_token_ids
             new_tokens = self.core.advance(
                 schedule, lambda i, request, sample: request.add_token(sample, logits[i], eos))
-            return self._report(schedule, self.core.retire(new_tokens), new_tokens)
+            report = self._report(schedule, self.core.retire(new_tokens), new_tokens)
         except BaseException:
-            self.core.restore(checkpoint, taken)
+            self.core.restore(log)
             self._totals, self.step_index = totals, step_index
             raise
+        self.core.commit(log)
+        return report
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """One pass over every chunk; the logits of each chunk's last token."""

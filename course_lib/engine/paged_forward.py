@@ -10,8 +10,10 @@ tables (one indexed copy, like vLLM's ``reshape_and_cache``), then every chunk a
 its sequence's whole context, read back from the pool through its block table:
 
 * one-token chunks (decodes) go together through the Triton paged kernel of chapter 06
-  (``decode_attention="torch"`` gathers with the torch reference instead, for timing on a
-  CPU, where the kernel runs in the slow Triton interpreter);
+  (``decode_attention="torch"`` instead gathers each sequence's blocks through its block
+  table once per layer and attends with torch's scaled-dot-product attention, the same
+  call the contiguous baseline makes: for timing on a CPU, where the kernel runs in the
+  slow Triton interpreter, and for a fair comparison there);
 * longer chunks gather their context with ``gather_paged_kv`` and attend with a causal
   mask shifted by ``start``, in torch. A GPU engine runs a varlen paged-prefill kernel
   here instead (vLLM uses FlashAttention's ``flash_attn_varlen_func`` with a block table,
@@ -86,24 +88,37 @@ class PagedBatch:
         self.offsets = offsets
         device = block_table.device
         self.decodes = [i for i, count in enumerate(counts) if count == 1]
-        self.decode_rows = torch.tensor([offsets[i] for i in self.decodes], dtype=torch.long,
-                                        device=device)
-        self.decode_lens = torch.tensor([self.starts[i] + 1 for i in self.decodes],
-                                        dtype=torch.int32, device=device)
+        self.only_decodes = len(self.decodes) == len(self.counts)
+        lengths = [self.starts[i] + 1 for i in self.decodes]
+        self.decode_tables = block_table if self.only_decodes else block_table[self.decodes]
+        self.decode_rows = None if self.only_decodes else torch.tensor(
+            [offsets[i] for i in self.decodes], dtype=torch.long, device=device)
+        self.gather = self.decode_lens = None
+        if self.decodes and decode_attention == "torch" and window is None:
+            self.gather = _DecodeGather(self.decode_tables, lengths, pool.block_size)
+        elif self.decodes:
+            self.decode_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         self.write(layer, k, v)
+        if self.only_decodes:  # the common step: nothing to scatter
+            return self._decode(layer, q)
         out = torch.empty_like(q)
         if self.decodes:
-            rows = self.decode_rows
-            out[rows] = _decode(q[rows], self.pool, layer, self.block_table[self.decodes],
-                                self.decode_lens, self.decode_attention, self.window)
+            out[self.decode_rows] = self._decode(layer, q[self.decode_rows])
         for i, count in enumerate(self.counts):
             if count > 1:
                 span = slice(self.offsets[i], self.offsets[i + 1])
                 out[span] = self._chunk(layer, q[span], i)
         return out
+
+    def _decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of the decodes' queries (one token each) over their sequences."""
+        if self.gather is not None:
+            return self.gather(q, self.pool, layer)
+        return _decode(q, self.pool, layer, self.decode_tables, self.decode_lens,
+                       self.decode_attention, self.window)
 
     def _chunk(self, layer: int, q: torch.Tensor, index: int) -> torch.Tensor:
         """Causal attention of one chunk's queries over its sequence's context in the pool."""
@@ -123,6 +138,33 @@ class PagedBatch:
             mask &= columns > rows - self.window
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
         return out.transpose(0, 1)
+
+
+class _DecodeGather:
+    """Decode attention in torch for one step's decodes: each sequence's blocks gathered
+    through its block table (the index built once per step, every layer reusing it), then
+    ``scaled_dot_product_attention`` under a length mask, as the contiguous baseline
+    attends over its rows. ``block_table`` rows are padded with the null block past each
+    sequence's blocks, as ``PagedKVManager.batch_tables`` pads them."""
+
+    def __init__(self, block_table: torch.Tensor, lengths: list[int], block_size: int) -> None:
+        device = block_table.device
+        self.width = max(lengths)
+        blocks = -(-self.width // block_size)
+        self.flat = block_table[:, :blocks].reshape(-1).long()
+        self.batch, self.span = len(lengths), blocks * block_size
+        lens = torch.tensor(lengths, device=device)
+        self.mask = (torch.arange(self.width, device=device)[None, :] < lens[:, None])[
+            :, None, None, :]
+
+    def __call__(self, q: torch.Tensor, pool: BlockPool, layer: int) -> torch.Tensor:
+        """Attention of one query token per sequence ``[batch, heads, head_dim]``."""
+        keys, values = (
+            cache[self.flat].reshape(self.batch, self.span, *cache.shape[2:])[:, :self.width]
+            .repeat_interleave(q.shape[1] // cache.shape[2], dim=2).transpose(1, 2).to(q.dtype)
+            for cache in (pool.key_cache(layer), pool.value_cache(layer)))
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=self.mask)
+        return out[:, :, 0]
 
 
 class PagedDecode:

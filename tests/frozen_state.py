@@ -1,0 +1,26 @@
+"""A whole object graph as plain, comparable data: what "changes nothing" is checked with."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+import torch
+
+
+def freeze(obj: object) -> object:
+    """Everything reachable from ``obj`` as nested tuples that compare by value *and* order
+    (the free queue's order and the order of a hash's holders are state too)."""
+    if isinstance(obj, torch.Generator):
+        return ("generator", obj.get_state().numpy().tobytes())
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", obj.dtype, tuple(obj.shape), obj.detach().cpu().numpy().tobytes())
+    if isinstance(obj, dict):
+        return ("dict", tuple((key, freeze(value)) for key, value in obj.items()))
+    if isinstance(obj, list | tuple | deque):
+        return (type(obj).__name__, tuple(freeze(value) for value in obj))
+    if isinstance(obj, set | frozenset):
+        return ("set", frozenset(obj))
+    if dataclasses.is_dataclass(obj) or type(obj).__module__.startswith("course_lib"):
+        return (type(obj).__name__, freeze(vars(obj)))
+    return obj

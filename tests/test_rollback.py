@@ -1,0 +1,102 @@
+"""The undo log behind the engine's all-or-nothing step: any run of pool and manager
+operations, undone, leaves the pool, the manager and the K/V a rollback promises exactly as
+they were, and a step's log grows with what the step changes, never with the pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
+from course_lib.prefix_cache import PrefixCachingBlockPool
+from course_lib.rollback import UndoLog, saved_manager, undoable
+from course_lib.scheduler import SchedulerConfig, kv_manager
+from course_lib.serving import Sample, ServingCore, ServingRequest
+from tests.frozen_state import freeze
+
+BLOCK = 2
+
+
+def _state(pool: BlockPool, manager: PagedKVManager) -> tuple:
+    """The pool and manager frozen, with the K/V a later step reads: every live sequence's
+    written tokens and every cached block (a free block's K/V is garbage nobody reads)."""
+    kv = pool._kv
+    try:
+        pool._kv = None
+        frozen = freeze((vars(pool), vars(manager)))
+    finally:
+        pool._kv = kv
+    cached = [b for b in range(1, pool.num_blocks)
+              if isinstance(pool, PrefixCachingBlockPool) and pool.block_hash(b) is not None]
+    return frozen, freeze(kv[:, cached]), [freeze(manager.read_kv(s)) for s in manager.sequences]
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["add", "append", "fork", "free"]),
+                         st.integers(0, 3), st.integers(1, 5)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(caching=st.booleans(), setup=OPS, logged=OPS)
+def test_undo_puts_back_pool_manager_and_kv(caching, setup, logged) -> None:
+    pool = undoable(PrefixCachingBlockPool if caching else BlockPool)(
+        8, BLOCK, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    manager = kv_manager(pool)
+    _run(manager, setup)
+    before = _state(pool, manager)
+    log = UndoLog()
+    log.add(saved_manager(manager))
+    pool.attach(log)
+    _run(manager, logged)
+    pool.attach(None)
+    log.undo()
+    assert _state(pool, manager) == before
+
+
+def _run(manager: PagedKVManager, ops: list[tuple[str, int, int]]) -> None:
+    """Apply ``ops`` (refused ones skipped), writing distinct K/V for every new token."""
+    for step, (op, seq, count) in enumerate(ops):
+        name, other = f"s{seq}", f"s{(seq + 1) % 4}"
+        start = manager.seq_len(name) if manager.holds(name) else 0
+        try:
+            if op == "add" and not manager.holds(name):
+                start = manager.add_sequence(name, token_ids=[seq] * count)
+            elif op == "append" and manager.holds(name):
+                manager.append_tokens(name, token_ids=[count] * count)
+            else:
+                if op == "fork" and manager.holds(name) and not manager.holds(other):
+                    manager.fork(name, other)
+                elif op == "free" and manager.holds(name):
+                    manager.free_sequence(name)
+                continue
+        except OutOfBlocks:
+            continue
+        new = list(range(start, manager.seq_len(name)))
+        values = torch.full((len(new), 1, 2), float(step * 10 + seq))
+        manager.write_kv(name, new, values, values)
+
+
+def _core_log_size(num_blocks: int) -> int:
+    """Undo entries of one decode step of 4 requests on a pool of ``num_blocks``."""
+    pool = undoable(BlockPool)(num_blocks, 4)
+    core = ServingCore(SchedulerConfig(), pool)
+    for i in range(4):
+        core.add(ServingRequest(i, [1] * 6, 5, 0, [Sample(f"r{i}", [1] * 6)]))
+    for _ in range(2):
+        core.advance(core.schedule(), lambda i, request, sample: sample.tokens.append(7))
+    log = core.checkpoint()
+    core.advance(core.schedule(), lambda i, request, sample: sample.tokens.append(7))
+    size = len(log)
+    core.restore(log)
+    return size
+
+
+def test_a_steps_log_does_not_grow_with_the_pool() -> None:
+    assert _core_log_size(30_721) == _core_log_size(257)
+
+
+def test_checkpoint_refuses_a_pool_it_cannot_undo() -> None:
+    core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
+    with pytest.raises(ValueError, match="undoable pool"):
+        core.checkpoint()
