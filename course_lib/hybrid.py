@@ -24,7 +24,8 @@ what it needs before it changes anything, and raises ``OutOfBlocks`` otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import copy
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from course_lib.kv_math import HybridModel, blocks_needed
@@ -136,6 +137,17 @@ class HybridKVManager:
     def caching(self) -> bool:
         """Whether full blocks are cached for later requests."""
         return isinstance(self.pool, PrefixCachingBlockPool)
+
+    def saved(self) -> Callable[[], None]:
+        """Save the live sequences' bookkeeping and the query counts (the engine's
+        all-or-nothing step, ``course_lib.rollback``); returns what puts them back."""
+        seqs = copy.deepcopy(self._seqs)
+        counts = (self._queries, self._query_tokens, self._hit_tokens)
+
+        def undo() -> None:
+            self._seqs = copy.deepcopy(seqs)
+            self._queries, self._query_tokens, self._hit_tokens = counts
+        return undo
 
     @property
     def sequences(self) -> tuple[str, ...]:

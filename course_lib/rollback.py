@@ -251,7 +251,10 @@ def _copy(value: Any) -> Any:
 def saved_manager(manager: PagedKVManager) -> Callable[[], None]:
     """Save a KV-cache manager's bookkeeping (its live sequences: tables, lengths, token
     ids, hash chains, and the prefix-cache statistics); returns the function that puts it
-    back. Token ids and hash chains only grow in a step, so their lengths are enough."""
+    back. Token ids and hash chains only grow in a step, so their lengths are enough. A
+    manager of another kind saves itself (``manager.saved()``, e.g. chapter 08's groups)."""
+    if not isinstance(manager, PagedKVManager):
+        return manager.saved()
     seqs = {s: (q, list(q.table), q.length, None if q.token_ids is None else len(q.token_ids))
             for s, q in manager._seqs.items()}
     extra = []

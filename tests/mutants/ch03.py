@@ -146,8 +146,7 @@ class SlotListTables:
         return [s // self.pool.block_size for s in self.slots[seq_id][::self.pool.block_size]]
 
     def free_sequence(self, seq_id: str) -> None:
-        for block in reversed(self.block_table(seq_id)):
-            self.pool.free(block)
+        self.pool.free_batch(self.block_table(seq_id)[::-1])
         del self.slots[seq_id]
 
 
@@ -296,8 +295,11 @@ class TablesWith:
         if seq_id not in self.seqs:
             raise ValueError(seq_id)
         table, _ = self.seqs.pop(seq_id)
-        for block in table if self.MISTAKE == "frees_head_first" else reversed(table):
-            self.pool.free(block)
+        if self.MISTAKE == "frees_one_by_one":  # each to the front: the first block ends up first
+            for block in reversed(table):
+                self.pool.free(block)
+        else:
+            self.pool.free_batch(table[::-1])
         if self.MISTAKE == "keeps_record":
             self.freed[seq_id] = table
 
@@ -358,7 +360,7 @@ MUTANTS = [
            "a block for every started block of its tokens"),
     Mutant("03.block_tables", "keeps_record", tables_with("keeps_record"),
            "its id may start again"),
-    Mutant("03.block_tables", "frees_head_first", tables_with("frees_head_first"),
+    Mutant("03.block_tables", "frees_one_by_one", tables_with("frees_one_by_one"),
            "last block first"),
     Mutant("03.cost_per_million", "no_idle", cost_with("no_idle"),
            "even one that decodes nothing"),
