@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,12 @@ def test_without_namespaces_grade_refuses_in_one_line_and_no_sandbox_says_so(
     _check_rows(tmp_path / "grades.csv")
     rows = list(csv.DictReader((tmp_path / "grades.csv").open(encoding="utf-8")))
     assert {r["flag"] for r in rows} == {"no sandbox"}
+
+
+def test_chapters_are_shipped_from_several_threads_at_once() -> None:
+    """The grader builds chapters in threads; cloudpickle's by-value registry is global."""
+    chapters = ["01", "02", "04", "00"] * 3
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda chapter: build_chapter(chapter, seed=3), chapters))
+    assert all(len(b.shipped) == len(chapter_exercises(c)) for b, c in zip(built, chapters,
+                                                                              strict=True))

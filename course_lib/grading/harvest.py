@@ -15,6 +15,7 @@ import functools
 import io
 import json
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -38,19 +39,21 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+_SHIPPING = threading.Lock()
+"""cloudpickle's by-value registry is global: chapters are shipped from several threads."""
+
+
 def ship(cases: Sequence[Case], modules: Sequence[ModuleType]) -> str:
     """The cases' calls and run code as text for a cell: ``modules`` (the exercise modules,
-    absent from the sandbox) travel by value, everything else by reference."""
-    for module in modules:
-        cloudpickle.register_pickle_by_value(module)
+    absent from the sandbox) travel by value, everything else by reference. They stay
+    registered in this process, which only ever pickles to ship cases."""
     buffer = io.BytesIO()
-    try:
+    with _SHIPPING:
+        for module in modules:
+            cloudpickle.register_pickle_by_value(module)
         pickler = _Pickler(buffer)
         pickler.by_value = {module.__name__ for module in modules}
         pickler.dump([(case.call, case.run) for case in cases])
-    finally:
-        for module in modules:
-            cloudpickle.unregister_pickle_by_value(module)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
