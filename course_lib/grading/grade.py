@@ -25,7 +25,7 @@ from course_lib.grading.check import Case, Exercise, exercise_cases, judge
 from course_lib.grading.execute import Execution, Harvest, Kernel, Limits, execute
 from course_lib.grading.harvest import ship, uses_withheld, withheld_name
 from course_lib.grading.sandbox import check_available, is_exercise_module, library_copy
-from course_lib.grading.source import NotANotebook, code_cells, graded_checks, parse_cells
+from course_lib.grading.source import NotANotebook, read_isolated
 from course_lib.grading.submissions import Inventory, Submission, find_submissions
 
 REFERENCE = "uses the reference implementation"
@@ -182,30 +182,23 @@ def _rows(sub: Submission, exercises: Sequence[Exercise], cases: ChapterCases,
     return rows
 
 
-def _read(sub: Submission) -> tuple[list[str], dict[str, Any]]:
-    """(code cells, graded check per exercise) of a submission; :class:`NotANotebook`."""
-    if sub.problem:
-        raise NotANotebook(sub.problem)
-    sources = code_cells(sub.data)
-    names = [e.name for e in chapter_exercises(sub.chapter)]
-    return sources, graded_checks(parse_cells(sources), names)
-
-
 async def grade_submission(sub: Submission, cases: ChapterCases, limits: Limits,
                            kernel: Kernel) -> list[GradeRow]:
     """Execute one submission and score each exercise of its chapter."""
     exercises = chapter_exercises(sub.chapter)
     try:
-        sources, checks = await asyncio.get_running_loop().run_in_executor(None, _read, sub)
+        if sub.problem:
+            raise NotANotebook(sub.problem)
+        reading = await read_isolated(sub.data, [e.name for e in exercises])
     except NotANotebook as error:
         return [GradeRow(sub.learner, sub.chapter, sub.name, e.name, 0.0, "not a notebook",
                          str(error)) for e in exercises]
     harvests = {name: Harvest(check.cell, check.expression, cases.shipped[name])
-                for name, check in checks.items()}
-    execution = await execute(sources, harvests, limits, kernel)
+                for name, check in reading.checks.items()}
+    execution = await execute(reading.sources, harvests, limits, kernel)
     if execution.grader_problem:
         raise RuntimeError(execution.grader_problem)
-    return _rows(sub, exercises, cases, checks, execution)
+    return _rows(sub, exercises, cases, reading.checks, execution)
 
 
 def _not_submitted(inventory: Inventory, chapters: Sequence[str]) -> list[GradeRow]:

@@ -19,6 +19,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -157,6 +158,17 @@ def kernel_argv(binary: str | None, layout: Layout, memory_mb: int, file_mb: int
 # --- the library copy without the answer key ------------------------------------------------
 
 
+_PARSING = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    """``ast.parse`` one thread at a time: CPython 3.11 counts the depth of the tree it
+    builds in state every thread shares, so two parses at once can end in a SystemError
+    (the grader builds chapters in threads)."""
+    with _PARSING:
+        return ast.parse(source)
+
+
 def _module_file(module: str) -> Path | None:
     """The source file of ``course_lib`` module ``module``, if there is one."""
     base = PACKAGE.parent.joinpath(*module.split("."))
@@ -177,7 +189,7 @@ def _located(dotted: str) -> tuple[str, str]:
             continue
         if not rest:
             return module, ""
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in _parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and (
                     node.name == rest[0]):
                 return module, ".".join(rest)
@@ -203,7 +215,7 @@ def _stand_in(node: ast.stmt, module: str, qualname: str) -> ast.stmt:
     """The statement replacing a withheld ``def`` or ``class``."""
     kind = "withheld_class" if isinstance(node, ast.ClassDef) else "withheld_function"
     name = qualname.rpartition(".")[2]
-    return ast.parse(f"{name} = _course_withheld.{kind}({module + '.' + qualname!r})").body[0]
+    return _parse(f"{name} = _course_withheld.{kind}({module + '.' + qualname!r})").body[0]
 
 
 def _withhold_in(body: list[ast.stmt], module: str, prefix: str, names: set[str]) -> None:
@@ -223,12 +235,12 @@ def withhold(source: str, module: str, names: set[str]) -> str:
     header = "import course_lib.grading.withheld as _course_withheld\n"
     if "" in names:
         return (f"{header}__getattr__ = _course_withheld.module_getattr({module!r})\n")
-    tree = ast.parse(source)
+    tree = _parse(source)
     _withhold_in(tree.body, module, "", names)
     docstring = ast.get_docstring(tree, clean=False) is not None
     future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     at = docstring + len(future)
-    tree.body[at:at] = ast.parse(header).body
+    tree.body[at:at] = _parse(header).body
     return ast.unparse(tree) + "\n"
 
 

@@ -1,17 +1,25 @@
-"""What a submitted notebook holds, read in the grader without running anything.
+"""What a submitted notebook holds, read without running anything.
 
 A notebook is read as JSON within fixed bounds (cells, characters), and each code cell's
 text is turned into a syntax tree by a linear pass that neutralises IPython's magics, so
 no submission's shape can make this reading slow. The one question asked of the trees is
 which object each exercise grades: the argument of the notebook's last
 ``check("NN.name", EXPR)`` call for it.
+
+The grader reads each notebook in a process of its own (:func:`read_isolated`, which runs
+this file as a script under a time and memory limit): a tree too deep for CPython 3.11
+leaves its parser's shared state wrong (CPython issue 106905), and no learner's notebook
+may break the reading of another's.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import re
+import resource
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -126,8 +134,70 @@ def _check_args(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
     return (given["name"], given["obj"]) if len(given) == 2 else None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """A notebook's code cells and, per exercise, its graded check."""
+
+    sources: list[str]
+    checks: dict[str, GradedCheck]
+
+
+def read(data: bytes, names: Iterable[str]) -> Reading:
+    """Read a notebook file in this process; :class:`NotANotebook`."""
+    sources = code_cells(data)
+    return Reading(sources, graded_checks(parse_cells(sources), names))
+
+
+READ_SECONDS = 60.0
+READ_MEMORY_MB = 2048
+
+
+async def read_isolated(data: bytes, names: Iterable[str]) -> Reading:
+    """:func:`read` in a fresh process bounded in time and memory; :class:`NotANotebook`
+    where the notebook cannot be read, or the reading ran past the bounds."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-S", __file__, json.dumps(sorted(names)),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, preexec_fn=_limit_memory)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(data), READ_SECONDS)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise NotANotebook(f"reading its code took over {READ_SECONDS:g} s") from None
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        raise NotANotebook("its code could not be read within "
+                           f"{READ_MEMORY_MB} MB") from None
+    if "problem" in answer:
+        raise NotANotebook(answer["problem"])
+    return Reading(answer["sources"], {name: GradedCheck(*check)
+                                       for name, check in answer["checks"].items()})
+
+
+def _limit_memory() -> None:
+    limit = READ_MEMORY_MB << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _main() -> None:
+    """As a script: read the notebook on stdin for the exercises named in argv[1]."""
+    try:
+        reading = read(sys.stdin.buffer.read(), json.loads(sys.argv[1]))
+        answer = {"sources": reading.sources,
+                  "checks": {n: [c.cell, c.expression] for n, c in reading.checks.items()}}
+    except NotANotebook as error:
+        answer = {"problem": str(error)}
+    sys.stdout.write(json.dumps(answer))
+
+
 def _call_name(node: ast.Call) -> str:
     """``f`` for ``f(...)`` and ``m.f(...)``."""
     func = node.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(
         func, ast.Attribute) else ""
+
+
+if __name__ == "__main__":
+    _main()
