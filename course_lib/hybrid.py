@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from course_lib.kv_math import HybridModel, blocks_needed
-from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks, _count_and_ids
+from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks, SequenceLookup, _count_and_ids
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCacheStats,
@@ -100,7 +100,7 @@ class _HybridSequence:
     salt: str | None = None
 
 
-class HybridKVManager:
+class HybridKVManager(SequenceLookup):
     """Per-group block tables over one ``BlockPool``; ``windows[g]`` is group g's sliding
     window (None: full attention). Prefix caching is on when the pool is a
     ``PrefixCachingBlockPool`` and a sequence is added with ``token_ids``."""
@@ -363,18 +363,6 @@ class HybridKVManager:
         return PoolSnapshot(self.block_size, blocks, tables, lens, label)
 
     # --- helpers ----------------------------------------------------------------------
-
-    def _get(self, seq_id: str) -> _HybridSequence:
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown sequence {seq_id!r}") from None
-
-    def _check_new_id(self, seq_id: str) -> None:
-        if not isinstance(seq_id, str):
-            raise ValueError(f"sequence id must be a str, got {seq_id!r}")
-        if seq_id in self._seqs:
-            raise ValueError(f"sequence {seq_id!r} already exists")
 
     def _require_free(self, needed: int) -> None:
         if needed > self.pool.num_free:

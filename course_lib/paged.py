@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from course_lib.kv_math import blocks_needed
 from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
@@ -326,7 +326,27 @@ def _kv_rows(
     return tensor.detach().to(device=kv.device, dtype=kv.dtype)
 
 
-class PagedKVManager:
+class SequenceLookup:
+    """Live sequences by id (``self._seqs``): the lookups every KV-cache manager makes."""
+
+    _seqs: dict[str, Any]
+
+    def _get(self, seq_id: str) -> Any:
+        """The state of a live sequence, else a ValueError naming the id."""
+        try:
+            return self._seqs[seq_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown sequence {seq_id!r}") from None
+
+    def _check_new_id(self, seq_id: str) -> None:
+        """Raise unless ``seq_id`` is a string not in use."""
+        if not isinstance(seq_id, str):
+            raise ValueError(f"sequence id must be a str, got {seq_id!r}")
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+
+
+class PagedKVManager(SequenceLookup):
     """Block tables over a ``BlockPool``: add, append (allocate on demand), fork, free.
 
     Every operation is atomic: when the pool cannot supply the blocks it needs, it raises
@@ -541,20 +561,6 @@ class PagedKVManager:
         return kv[blocks, 0, offsets], kv[blocks, 1, offsets]
 
     # --- helpers shared with the prefix-caching subclass -----------------------------------
-
-    def _get(self, seq_id: str) -> _Sequence:
-        """The state of a live sequence, else a ValueError naming the id."""
-        try:
-            return self._seqs[seq_id]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown sequence {seq_id!r}") from None
-
-    def _check_new_id(self, seq_id: str) -> None:
-        """Raise unless ``seq_id`` is a string not in use."""
-        if not isinstance(seq_id, str):
-            raise ValueError(f"sequence id must be a str, got {seq_id!r}")
-        if seq_id in self._seqs:
-            raise ValueError(f"sequence {seq_id!r} already exists")
 
     def _new_sequence_args(
         self, seq_id: str, num_tokens: int | None, token_ids: Iterable[int] | None

@@ -67,6 +67,20 @@ def _budget_bytes(budget_gib: float) -> float:
     return budget_gib * GIB
 
 
+def _log_log_axes(ax: Any, xlabel: str, ylabel: str) -> None:
+    """Concurrency against length, both on log scales, with one request marked by a line."""
+    ax.axhline(1.0, color="#8c959f", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [2**k for k in range(9, 18)]
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [_length_label(t) for t in ticks])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+
+
 def _length_label(tokens: int) -> str:
     """Compact axis label: 512, 2K, 128K."""
     return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else f"{tokens:,}"
@@ -112,16 +126,7 @@ def plot_concurrency_vs_context(
             ax.plot([mark], [point.max_concurrency], "o", color=color, markersize=7)
             label += f": {point.max_requests:,} at {_length_label(mark)}"
         ax.plot(CONTEXT_LENGTHS, curve, color=color, linewidth=2, label=label)
-    ax.axhline(1.0, color="#8c959f", linestyle=":", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ticks = [2**k for k in range(9, 18)]
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticks(ticks, [_length_label(t) for t in ticks])
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("maximum length per request (tokens)")
-    ax.set_ylabel("max concurrent requests")
+    _log_log_axes(ax, "maximum length per request (tokens)", "max concurrent requests")
     ax.set_title(f"{budget_gib:g} GiB of KV cache, {dtype}, blocks of {block_size}",
                  fontsize=11, loc="left")
     ax.grid(True, which="major", color="#e6e9ed", linewidth=0.8)
@@ -162,16 +167,7 @@ def plot_hybrid_concurrency(
                 linewidth=2, label=label)
         ax.plot(CONTEXT_LENGTHS, [c.blocks / c.blocks_per_request_no_freeing for c in caps],
                 color=color, linewidth=1.5, linestyle="--", label=f"{model.name}, kept")
-    ax.axhline(1.0, color="#8c959f", linestyle=":", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ticks = [2**k for k in range(9, 18)]
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticks(ticks, [_length_label(t) for t in ticks])
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("tokens per request")
-    ax.set_ylabel("concurrent requests")
+    _log_log_axes(ax, "tokens per request", "concurrent requests")
     ax.set_title(f"Hybrid models: {budget_gib:g} GiB of KV cache, {dtype}, blocks of "
                  f"{block_size}", fontsize=11, loc="left")
     ax.legend(frameon=False, fontsize=8.5)
