@@ -73,7 +73,7 @@ def build_chapter(chapter: str, seed: int) -> ChapterCases:
     exercises = chapter_exercises(chapter)
     cases = {e.name: exercise_cases(e, seed) for e in exercises}
     fixed = {e.name: len(exercise_cases(e)) for e in exercises}
-    modules = [module for name, module in sorted(sys.modules.items())
+    modules = [module for name, module in sorted(sys.modules.copy().items())
                if is_exercise_module(name)]
     return ChapterCases(cases, fixed,
                         {name: ship(found, modules) for name, found in cases.items()},
