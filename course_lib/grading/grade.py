@@ -70,9 +70,12 @@ class ChapterCases:
 def build_chapter(chapter: str, seed: int) -> ChapterCases:
     """Every exercise's cases in ``chapter`` (expected values computed here), what is shipped
     of them, and the library the chapter's sandbox sees."""
-    exercises = chapter_exercises(chapter)
-    cases = {e.name: exercise_cases(e, seed) for e in exercises}
-    fixed = {e.name: len(exercise_cases(e)) for e in exercises}
+    cases, fixed = {}, {}
+    for exercise in chapter_exercises(chapter):
+        found = exercise_cases(exercise)  # built once: chapter 07's take seconds
+        fixed[exercise.name] = len(found)
+        fresh = exercise.fresh(seed) if exercise.fresh is not None else ()
+        cases[exercise.name] = [*found, *fresh]
     modules = [module for name, module in sorted(sys.modules.copy().items())
                if is_exercise_module(name)]
     return ChapterCases(cases, fixed,
