@@ -36,6 +36,7 @@ from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
     block_hashes,
     check_block_hash,
+    check_block_hashes,
     extend_chain,
     hash_block_tokens,
 )
@@ -265,7 +266,7 @@ class HybridKVManager(SequenceLookup):
         hashes: list[BlockHash] = []
         hit: tuple[tuple[int, ...], ...] = tuple(() for _ in self.windows)
         if ids is not None and self.caching:
-            known = [check_block_hash("known hash", h) for h in check_list("known", known)]
+            known = check_block_hashes("known", known)
             if len(known) > length // self.block_size:
                 raise ValueError(f"{len(known)} known hashes for {length} tokens, more than "
                                  f"their full blocks")

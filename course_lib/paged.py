@@ -163,22 +163,24 @@ class BlockPool:
         block is handed out next and its first (cached) block is evicted last.
         """
         ids = self._checked_batch(block_ids)
-        front = []
+        ref, queue, events, front = self._ref, self._free, self._events, []
+        vllm, cached = self.free_order == "vllm", self._is_cached
         for block_id in ids:
-            self._ref[block_id] -= 1
-            if self._ref[block_id] == 0:
-                self._free[block_id] = None
-                self._events[block_id] = "freed"
-                if self.free_order == "vllm" and not self._is_cached(block_id):
+            ref[block_id] -= 1
+            if not ref[block_id]:
+                queue[block_id] = None
+                events[block_id] = "freed"
+                if vllm and not cached(block_id):
                     front.append(block_id)
         for block_id in reversed(front):
-            self._free.move_to_end(block_id, last=False)
+            queue.move_to_end(block_id, last=False)
 
     def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
         """``block_ids`` as a list, if each is held at least as often as it is named."""
-        ids = check_list("block_ids", block_ids)
-        for block_id in ids:
-            self._check_held(block_id)
+        ids, ref, size = check_list("block_ids", block_ids), self._ref, self.num_blocks
+        for block_id in ids:  # _check_held, inlined: a finished request frees all its blocks
+            if type(block_id) is not int or not 0 < block_id < size or not ref[block_id]:
+                self._reject(block_id)
         if len(set(ids)) != len(ids):
             for block_id, count in Counter(ids).items():
                 if count > self._ref[block_id]:

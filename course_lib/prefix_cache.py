@@ -39,12 +39,25 @@ BlockHash = bytes
 ROOT_HASH: BlockHash = hashlib.sha256(b"course_lib prefix cache root").digest()
 """The parent hash of a sequence's first block (fixed, so runs are reproducible)."""
 
+HASH_BYTES = len(ROOT_HASH)
+
 
 def check_block_hash(name: str, value: object) -> BlockHash:
     """Return ``value`` if it is a 32-byte block hash, else raise a ValueError naming it."""
     if not isinstance(value, bytes) or len(value) != len(ROOT_HASH):
         raise ValueError(f"{name} must be a {len(ROOT_HASH)}-byte block hash, got {value!r}")
     return value
+
+
+def check_block_hashes(name: str, values: object) -> list[BlockHash]:
+    """``values`` (named ``name``, an iterable of ``name`` hashes) as a new list if every
+    item is a block hash, else a ValueError naming the first bad one (a fast test of the
+    whole list first: a chain is checked on every lookup)."""
+    hashes = check_list(name, values)
+    if not all(type(h) is bytes and len(h) == HASH_BYTES for h in hashes):
+        for value in hashes:
+            check_block_hash(f"{name} hash", value)
+    return hashes
 
 
 def hash_block_tokens(
@@ -136,7 +149,8 @@ class PrefixCachingBlockPool(BlockPool):
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that held, full block ``block_id`` holds ``block_hash``."""
         self._check_held(block_id)
-        check_block_hash("block_hash", block_hash)
+        if type(block_hash) is not bytes or len(block_hash) != HASH_BYTES:
+            check_block_hash("block_hash", block_hash)
         current = self._hash_of.get(block_id)
         if current is not None and current != block_hash:
             raise ValueError(f"block {block_id} already holds a different hash")
@@ -155,7 +169,7 @@ class PrefixCachingBlockPool(BlockPool):
     def longest_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
         """Blocks for the leading hashes found in the cache, stopping at the first miss."""
         found = []
-        for block_hash in [check_block_hash("hash", h) for h in check_list("hashes", hashes)]:
+        for block_hash in check_block_hashes("block", hashes):
             holders = self._blocks_of.get(block_hash)
             if not holders:
                 break
@@ -243,7 +257,7 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().add_sequence(seq_id, num_tokens)
         length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
         assert ids is not None
-        known = [check_block_hash("known hash", h) for h in check_list("known", known)]
+        known = check_block_hashes("known", known)
         if len(known) > length // self.block_size:
             raise ValueError(f"{len(known)} known hashes for {length} tokens, more than "
                              f"their full blocks")

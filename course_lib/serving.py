@@ -149,7 +149,7 @@ class Schedule:
     swapped_in: dict[int, int] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Decoding:
     """A decoding sample: its request, its place among the request's samples, the step at
     whose start its ``computed`` and ``tokens`` were last exact, and the ticket its entries
@@ -378,8 +378,11 @@ class ServingCore:
         for index in scheduler.in_claim_order(claimants):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
-            request = self.requests[index]
-            plan = [self._decode_chunk(request, self._sample(s)) for s in decodes.get(index, ())]
+            request, seq_ids = self.requests[index], decodes.get(index, ())
+            if self.lazy and len(request.samples) == 1 and index not in prefilling:
+                self._claim_block(request, step)
+                continue
+            plan = [self._decode_chunk(request, self._sample(s)) for s in seq_ids]
             if index in prefilling:
                 plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
             if not plan:
@@ -398,6 +401,22 @@ class ServingCore:
                         self._register_due(chunk.sample.seq_id, self.clock + 1,
                                            chunk.start + 1)
 
+    def _claim_block(self, request: ServingRequest, step: _Step) -> None:
+        """Lazy mode, a request of one sample whose next decode starts a new block (the
+        simulator's common event): claim that block, preempting while none is free, with no
+        plan to price (one block, never shared: forks need two samples)."""
+        index, sample, pool = request.request_id, request.samples[0], self.pool
+        if not pool.num_free:
+            victims = self.scheduler.preempt_until(
+                index, lambda: pool.num_free > 0, lambda victim: self._preempt(victim, step))
+            step.preempted += victims
+            if index in victims:
+                return
+        end = sample.computed + 1
+        self._append(sample, end)
+        step.chunks.append(Chunk(request, sample, end - 1, 1, None, True))
+        self._register_due(sample.seq_id, self.clock + 1, end)
+
     def _decodes(self, step: _Step) -> int:
         """Decodes this step computes: the decoding samples, less those held back (a held
         sample whose request was preempted since is no longer decoding at all)."""
@@ -409,10 +428,12 @@ class ServingCore:
         """Lazy mode: this step's decodes that claim memory, by request, each caught up to
         now."""
         due: dict[int, list[str]] = {}
-        for seq_id in self._valid(self._due.get(self.clock, ())):
-            if seq_id not in held:
-                self._catch_up(seq_id, self.clock)  # its table catches up as it claims
-                due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
+        decoding, clock = self._decoding, self.clock
+        for seq_id, ticket in self._due.get(clock, ()):
+            entry = decoding.get(seq_id)
+            if entry is not None and entry.ticket == ticket and seq_id not in held:
+                self._catch_up(seq_id, clock)  # its table catches up as it claims
+                due.setdefault(entry.request, []).append(seq_id)
         return due
 
     def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
@@ -634,8 +655,8 @@ class ServingCore:
         sample = request.samples[decoding.position]
         if not self.lazy:
             return
-        table = self.manager.block_table(seq_id)
-        shared = sample.computed % self.pool.block_size and self.pool.ref_count(table[-1]) > 1
+        shared = (sample.computed % self.pool.block_size
+                  and self.pool.ref_count(self.manager.block_table(seq_id)[-1]) > 1)
         if shared:  # just forked: copy-on-write at once
             self._due.setdefault(since, []).append((seq_id, self._tickets))
         else:
@@ -762,7 +783,7 @@ def _saved_sample(sample: Sample) -> Callable[[], None]:
     return undo
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """One step while it is scheduled: the budget, the decodes sitting it out, the chunks
     claimed, the prefill tokens among them, and who was preempted or swapped."""
