@@ -125,8 +125,10 @@ def model_shape(name: str) -> ModelShape:
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
-    check_int("num_tokens", num_tokens, 0)
-    check_int("block_size", block_size, 1)
+    if type(num_tokens) is not int or type(block_size) is not int \
+            or num_tokens < 0 or block_size < 1:  # the checks name what is wrong
+        check_int("num_tokens", num_tokens, 0)
+        check_int("block_size", block_size, 1)
     return -(-num_tokens // block_size)
 
 

@@ -218,10 +218,8 @@ class Scheduler:
     def admits(self, prefill_tokens: int, step_tokens: int) -> bool:
         """Whether the limits allow one more request, which prefills ``prefill_tokens``,
         into a step that already processes ``step_tokens``."""
-        if type(prefill_tokens) is not int or type(step_tokens) is not int \
-                or min(prefill_tokens, step_tokens) < 0:  # the fast test; the checks name it
-            check_int("prefill_tokens", prefill_tokens, 0)
-            check_int("step_tokens", step_tokens, 0)
+        check_int("prefill_tokens", prefill_tokens, 0)
+        check_int("step_tokens", step_tokens, 0)
         config = self.config
         if config.max_num_seqs is not None and len(self.running) >= config.max_num_seqs:
             return False
@@ -261,7 +259,7 @@ class Scheduler:
     def in_claim_order(self, indices: Iterable[int]) -> list[int]:
         """Running requests ``indices`` sorted as ``claim_order`` would have them."""
         chosen = list(indices)
-        if len(chosen) > 1 or chosen and chosen[0] not in self.running:
+        if len(chosen) > 1 or (chosen and chosen[0] not in self.running):
             if not self.running.keys() >= set(chosen):
                 raise ValueError(f"not all of {chosen!r} are running")
             chosen.sort(key=self._claim_key)

@@ -103,7 +103,8 @@ class ServingRequest:
     @property
     def fresh(self) -> bool:
         """Whether no token has been generated yet (the prompt still awaits its prefill)."""
-        return all(len(s.tokens) == len(self.prompt) for s in self.samples)
+        prompt = len(self.prompt)
+        return all(len(s.tokens) == prompt for s in self.samples)
 
     def append_token(self, sample: Sample, token: int, stop_token_ids: Sequence[int]) -> None:
         """Append a chosen ``token`` to ``sample`` and decide whether it is done (a stop
@@ -203,6 +204,7 @@ class ServingCore:
         self.clock = 0  # steps scheduled so far
         self._owner: dict[str, int] = {}  # every sample's request
         self._salts: set[str] = set()  # lazy mode with prefix caching: every salt seen
+        self._one_sample = True  # every request added so far has one sample
         self._decoding: dict[str, _Decoding] = {}
         self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
         self._chains: dict[str, list[BlockHash]] = {}  # prefix caching: hashes per sample
@@ -240,6 +242,7 @@ class ServingCore:
                                    request.max_tokens, arrival=request.request_id,
                                    priority=request.priority))
         self.requests.append(request)
+        self._one_sample &= len(request.samples) == 1
         self.unfinished[request.request_id] = None
         for sample in request.samples:
             self._owner[sample.seq_id] = request.request_id
@@ -326,8 +329,7 @@ class ServingCore:
             elif sample.computed == len(sample.tokens):
                 self._finish_prefill(index, request, sample, draw, new_tokens)
         for seq_id in self._valid(self._ends.pop(step, ())):
-            self._sync(seq_id, step + 1)
-            sample = self._sample(seq_id)
+            sample = self._sync(seq_id, step + 1)
             sample.finish_reason = "length"
             new_tokens[seq_id] = sample.tokens[-1]
         self._due.pop(step, None)
@@ -373,16 +375,16 @@ class ServingCore:
         preempting victims while the pool lacks blocks. In eager mode every decode is
         listed; in lazy mode only those due (see the module)."""
         scheduler, prefilling = self.scheduler, self._prefilling
+        if self.lazy and not prefilling and self._one_sample:
+            self._claim_due_blocks(step)
+            return
         decodes = self._due_now(step.held) if self.lazy else self._all_decodes(step.held)
         claimants = decodes.keys() | prefilling.keys() if prefilling else decodes
         for index in scheduler.in_claim_order(claimants):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
-            request, seq_ids = self.requests[index], decodes.get(index, ())
-            if self.lazy and len(request.samples) == 1 and index not in prefilling:
-                self._claim_block(request, step)
-                continue
-            plan = [self._decode_chunk(request, self._sample(s)) for s in seq_ids]
+            request = self.requests[index]
+            plan = [self._decode_chunk(request, self._sample(s)) for s in decodes.get(index, ())]
             if index in prefilling:
                 plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
             if not plan:
@@ -401,21 +403,39 @@ class ServingCore:
                         self._register_due(chunk.sample.seq_id, self.clock + 1,
                                            chunk.start + 1)
 
-    def _claim_block(self, request: ServingRequest, step: _Step) -> None:
-        """Lazy mode, a request of one sample whose next decode starts a new block (the
-        simulator's common event): claim that block, preempting while none is free, with no
-        plan to price (one block, never shared: forks need two samples)."""
-        index, sample, pool = request.request_id, request.samples[0], self.pool
-        if not pool.num_free:
-            victims = self.scheduler.preempt_until(
-                index, lambda: pool.num_free > 0, lambda victim: self._preempt(victim, step))
-            step.preempted += victims
-            if index in victims:
-                return
-        end = sample.computed + 1
-        self._append(sample, end)
-        step.chunks.append(Chunk(request, sample, end - 1, 1, None, True))
-        self._register_due(sample.seq_id, self.clock + 1, end)
+    def _claim_due_blocks(self, step: _Step) -> None:
+        """Lazy mode while every request has one sample and none is part-way through its
+        prefill (the simulator's case): this step's decodes whose token starts a new block
+        claim it, most protected first, preempting while the pool is empty. One block,
+        never shared (a fork needs two samples), so there is no plan to price; a paged
+        simulation is mostly these claims, hence one tight loop."""
+        entries = self._due.get(self.clock)
+        if not entries:
+            return
+        decoding, held, clock = self._decoding, step.held, self.clock
+        due = {}
+        for seq_id, ticket in entries:
+            entry = decoding.get(seq_id)
+            if entry is not None and entry.ticket == ticket and seq_id not in held:
+                due[entry.request] = entry
+        scheduler, pool, requests, buckets = self.scheduler, self.pool, self.requests, self._due
+        size = pool.block_size
+        for index in scheduler.in_claim_order(due):
+            if index not in scheduler.running:
+                continue  # preempted earlier in this step
+            entry, request = due[index], requests[index]
+            sample = request.samples[0]
+            self._catch_up(sample.seq_id, clock)
+            if not pool.num_free:
+                victims = scheduler.preempt_until(
+                    index, lambda: pool.num_free > 0, lambda victim: self._preempt(victim, step))
+                step.preempted += victims
+                if index in victims:
+                    continue
+            start = sample.computed  # a multiple of size: the token starts a new block
+            self._append(sample, start + 1)
+            step.chunks.append(Chunk(request, sample, start, 1, None, True))
+            buckets.setdefault(clock + size, []).append((sample.seq_id, entry.ticket))
 
     def _decodes(self, step: _Step) -> int:
         """Decodes this step computes: the decoding samples, less those held back (a held
@@ -675,22 +695,25 @@ class ServingCore:
         decoding = self._decoding
         return [s for s, ticket in entries if s in decoding and decoding[s].ticket == ticket]
 
-    def _sync(self, seq_id: str, step: int) -> None:
-        """Catch a decoding sample and its block table up to the start of ``step``."""
-        self._catch_up(seq_id, step)
-        sample = self._sample(seq_id)
+    def _sync(self, seq_id: str, step: int) -> Sample:
+        """Catch a decoding sample and its block table up to the start of ``step``; the
+        sample."""
+        sample = self._catch_up(seq_id, step)
         self._append(sample, sample.computed)
+        return sample
 
-    def _catch_up(self, seq_id: str, step: int) -> None:
+    def _catch_up(self, seq_id: str, step: int) -> Sample:
         """Catch a decoding sample up to the start of ``step``: one token per step since it
-        was last exact, its position as its id (lazy mode)."""
+        was last exact, its position as its id (lazy mode); the sample."""
         decoding = self._decoding[seq_id]
+        sample = self.requests[decoding.request].samples[decoding.position]
         behind = step - decoding.since
         if behind:
-            sample = self._sample(seq_id)
-            sample.tokens.extend(range(len(sample.tokens), len(sample.tokens) + behind))
+            length = len(sample.tokens)
+            sample.tokens.extend(range(length, length + behind))
             sample.computed += behind
             decoding.since = step
+        return sample
 
     def _append(self, sample: Sample, end: int) -> None:
         """Extend a sample's block table to ``end`` tokens (its token ids, which prefix

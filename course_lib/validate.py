@@ -79,11 +79,16 @@ def check_at_most(what: str, amount: int, limit: int, remedy: str) -> None:
                          f"handle in seconds; {remedy}")
 
 
+_SEQUENCES = (list, tuple, range)
+
+
 def check_list(name: str, values: object) -> list:
     """Return ``values`` as a new list if it is an iterable other than a string, else raise.
 
     Taking a list first lets a caller validate every item before it changes anything.
     """
+    if type(values) in _SEQUENCES:  # the common case, without the slower ABC test below
+        return list(values)
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise ValueError(f"{name} must be an iterable of values, got {describe(values)}")
     return list(values)

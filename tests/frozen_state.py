@@ -22,5 +22,7 @@ def freeze(obj: object) -> object:
     if isinstance(obj, set | frozenset):
         return ("set", frozenset(obj))
     if dataclasses.is_dataclass(obj) or type(obj).__module__.startswith("course_lib"):
-        return (type(obj).__name__, freeze(vars(obj)))
+        state = vars(obj) if hasattr(obj, "__dict__") else {  # a dataclass with slots
+            f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return (type(obj).__name__, freeze(state))
     return obj
