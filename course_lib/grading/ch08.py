@@ -5,7 +5,9 @@ Expected values come from the library: ``HybridModel`` (bytes at a length),
 and the fp32 reference with a window (``paged_attention_reference``). Exercises 2 to 4 are
 built from a specification alone. Every ``run`` calls only the learner's function on inputs
 it carries; the expected values live in each case's ``expected`` (or, for tensors, in the
-``Satisfies`` the grader keeps), never in what travels to the learner's kernel.
+``Satisfies`` the grader keeps), never in what travels to the learner's kernel. A wrong
+value that a known slip gives is named by that slip's hint (``recognising``; for the kernel,
+``WindowMatch``), computed on the grader's side too.
 
 ``fresh(seed)`` draws a few more cases of each exercise from ``random.Random(seed)``.
 """
@@ -262,8 +264,6 @@ _HIT_HINT = ("a full group needs blocks 0..k-1 cached; a window group only those
              "W - 1 positions before k x block_size (the first recomputed token reads them "
              "and itself); the hit is the largest k every group serves, and never covers the "
              "prompt's last token")
-
-
 HIT_SAME_K = ("every group must serve the SAME k: a k that each group serves on its own, "
               "taken group by group (the smallest of their best), need not be served by all")
 HIT_EVERY_GROUP = ("every group must serve the hit, the window groups too: a window group "
@@ -439,9 +439,9 @@ def _window_case(inputs: DecodeInputs, window: int, label: str) -> Case:
         [Want("out", want, ("b", "h"), "float32")], _WINDOW_HINT,
         *_tolerance(inputs.q.dtype), "paged_attention_reference with the window", kernel=True)
     match = case.expected.explain
-    judge = WindowMatch(**{f.name: getattr(match, f.name) for f in fields(TensorMatch)},
-                        mistakes=_window_mistakes(inputs, window))
-    return replace(case, expected=Satisfies(case.expected.description, explain=judge))
+    recognised = WindowMatch(**{f.name: getattr(match, f.name) for f in fields(TensorMatch)},
+                             mistakes=_window_mistakes(inputs, window))
+    return replace(case, expected=Satisfies(case.expected.description, explain=recognised))
 
 
 _WINDOW_SETTINGS = (

@@ -6,7 +6,9 @@ notebook). Expected values come from ``course_lib.tier.CpuTier``, ``course_lib.r
 (``HashRing``, ``PrefixIndex``, ``prefix_aware_choice``) and ``course_lib.tier.TierStats``,
 always on the grader's side: a case's ``run`` replays a script of calls on the learner's
 object and returns what each call gave back, as plain data, and captures nothing computed
-from the answer key. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
+from the answer key. A wrong value that a known slip gives (a ring of ``hash % N``, tier hits
+left out, ...) is named by that slip's hint (``recognising``), computed on the grader's side
+too. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
 ``random.Random(seed)``).
 """
 
