@@ -5,7 +5,9 @@ Expected values come from the library: ``HybridModel`` (bytes at a length),
 and the fp32 reference with a window (``paged_attention_reference``). Exercises 2 to 4 are
 built from a specification alone. Every ``run`` calls only the learner's function on inputs
 it carries; the expected values live in each case's ``expected`` (or, for tensors, in the
-``Satisfies`` the grader keeps), never in what travels to the learner's kernel.
+``Satisfies`` the grader keeps), never in what travels to the learner's kernel. A wrong
+value that a known slip gives is named by that slip's hint (``recognising``; for the kernel,
+``WindowMatch``), computed on the grader's side too.
 
 ``fresh(seed)`` draws a few more cases of each exercise from ``random.Random(seed)``.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -21,14 +24,15 @@ import torch
 from course_lib.attention import kernel_device, paged_attention_reference
 from course_lib.grading.ch06 import (
     DecodeInputs,
+    TensorMatch,
     Want,
     _decode_inputs,
     _tensor_case,
     _tolerance,
 )
-from course_lib.grading.check import Case, Exercise, Raises
+from course_lib.grading.check import Case, Exercise, Raises, Satisfies, labelled, recognising
 from course_lib.hybrid import first_needed_block, hit_blocks
-from course_lib.kv_math import HYBRID_MODELS, HybridModel
+from course_lib.kv_math import HYBRID_MODELS, HybridModel, bytes_per_token
 
 # --- exercise 1: bytes per token at a length ---------------------------------------------------
 
@@ -44,25 +48,55 @@ def bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, dtype_
 
 _BYTES_HINT = ("a full layer keeps K and V for every token, a window layer only for the last "
                "W tokens (all of them while L <= W); add the layers up, then divide by L")
+OFF_BY_ONE_WINDOW = ("a window layer keeps exactly W tokens: the newest and the W - 1 before it, "
+                     "not W + 1 or W - 1")
+WINDOW_IGNORED = ("a window layer keeps K and V only for its last W tokens, not for the whole "
+                  "request: that is what makes bytes per token fall as L grows")
+WINDOW_NOT_FULL_YET = ("while L <= W a window layer holds all L tokens, no more: min(L, W), "
+                       "not W")
+NOT_PER_TOKEN = "bytes PER TOKEN: divide the request's total bytes by L"
+K_AND_V = ("every layer keeps a key AND a value vector for each KV head: 2 x kv_heads x "
+           "head_dim x dtype_bytes for each token it keeps")
+
+
+def _bytes_mistakes(windows: Sequence[int | None], kv_heads: int, head_dim: int,
+                    dtype_bytes: int, num_tokens: int) -> list[tuple[float, str]]:
+    """What each recognised slip gives for these layers at ``num_tokens``, with its hint."""
+    args = (kv_heads, head_dim, dtype_bytes, num_tokens)
+    right = bytes_at(windows, *args)
+    per_layer = bytes_per_token(1, kv_heads, head_dim, DTYPE_NAMES[dtype_bytes])
+    mistakes = [(bytes_at([None if w is None else w + 1 for w in windows], *args),
+                 OFF_BY_ONE_WINDOW)]
+    if all(w is None or w > 1 for w in windows):
+        mistakes.append((bytes_at([None if w is None else w - 1 for w in windows], *args),
+                         OFF_BY_ONE_WINDOW))
+    return [*mistakes,
+            (bytes_at([None] * len(windows), *args), WINDOW_IGNORED),
+            (per_layer * sum(num_tokens if w is None else w for w in windows) / num_tokens,
+             WINDOW_NOT_FULL_YET),
+            (right * num_tokens, NOT_PER_TOKEN),
+            (right / 2, K_AND_V)]
 
 
 def _bytes_case(windows: Sequence[int | None], kv_heads: int, head_dim: int, dtype_bytes: int,
                 num_tokens: int, label: str) -> Case:
     shown = windows if len(windows) <= 8 else f"{list(windows[:6])} + {len(windows) - 6} more"
+    args = (kv_heads, head_dim, dtype_bytes, num_tokens)
     return Case(
         f"fn(windows={shown}, kv_heads={kv_heads}, head_dim={head_dim}, "
         f"dtype_bytes={dtype_bytes}, num_tokens={num_tokens})  # {label}",
         lambda fn, w=tuple(windows): fn(list(w), kv_heads, head_dim, dtype_bytes, num_tokens),
-        bytes_at(windows, kv_heads, head_dim, dtype_bytes, num_tokens), _BYTES_HINT)
+        bytes_at(windows, *args), _BYTES_HINT,
+        compare=recognising(_bytes_mistakes(windows, *args)))
 
 
 def _bytes_cases() -> list[Case]:
     oss, gemma = HYBRID_MODELS["gpt-oss-20b"], HYBRID_MODELS["gemma-3-27b"]
     settings = [
+        (oss, 8192, "gpt-oss-20b at 8k: its window layers hold 128 of the 8192 tokens"),
         (oss, 100, "gpt-oss-20b, shorter than its window"),
         (oss, 128, "gpt-oss-20b, exactly its window"),
         (oss, 129, "gpt-oss-20b, one past its window"),
-        (oss, 8192, "gpt-oss-20b at 8k"),
         (gemma, 1025, "gemma-3-27b, one past its window"),
         (gemma, 131_072, "gemma-3-27b at 128k"),
     ]
@@ -102,13 +136,22 @@ def freed_by_window(table: Sequence[int], ref_counts: dict[int, int], num_comput
                     window: int, block_size: int) -> tuple[list[int], list[int]]:
     """The table after the window group lets go of what the next chunk will not read, and
     the blocks whose count drops to zero (library rule: ``first_needed_block``)."""
-    first = first_needed_block(num_computed, window, block_size)
+    return _let_go(table, ref_counts, first_needed_block(num_computed, window, block_size))
+
+
+def _let_go(table: Sequence[int], ref_counts: dict[int, int], first: int, *,
+            shared_freed: bool = False, shared_kept: bool = False
+            ) -> tuple[list[int], list[int]]:
+    """The table with its entries before ``first`` made null, and the blocks that return to
+    the pool; the flags are two slips with shared blocks (for the hints)."""
     after, returned = list(table), []
     for index in range(min(first, len(table))):
         block = after[index]
         if block:
-            after[index] = 0
-            if ref_counts[block] == 1:
+            alone = ref_counts[block] == 1
+            if alone or not shared_kept:
+                after[index] = 0
+            if alone or shared_freed:
                 returned.append(block)
     return after, returned
 
@@ -117,22 +160,62 @@ _FREE_HINT = ("the chunk's first token, at position num_computed, reads position
               "num_computed - window + 1 onwards; a block goes only when all its positions lie "
               "before that (floor, not ceil), and it returns to the pool only if no other "
               "sequence still holds it")
+OFF_BY_ONE_READ = ("the chunk's first token, at position num_computed, reads the window "
+                   "positions num_computed - window + 1 .. num_computed (itself and the "
+                   "window - 1 before it): a window off by one frees one position too many or "
+                   "too few")
+CEIL_BLOCK = ("a block goes only when ALL its positions lie before the first one read: "
+              "floor((num_computed - window + 1) / block_size) blocks, not ceil (the block "
+              "holding that position is still read)")
+SHARED_FREED = ("a block another sequence still holds (ref count above 1) leaves this table "
+                "but does not return to the pool: return only the blocks whose count drops to "
+                "zero")
+SHARED_KEPT = ("a shared block leaves this table too (the null block 0 in its place): this "
+               "window no longer reads it; only its return to the pool waits for its last "
+               "holder")
+TABLE_LENGTH = ("the table keeps its length: put the null block 0 in place of each entry let "
+                "go, so logical block i stays at index i")
+NULL_SKIPPED = ("entries already 0 are the null block: the window let them go earlier; skip "
+                "them (the null block has no ref count and never returns to the pool)")
+
+
+def _free_mistakes(table: Sequence[int], refs: dict[int, int], num_computed: int, window: int,
+                   block_size: int) -> list[tuple[Any, str]]:
+    """What each recognised slip gives for these inputs, with its hint."""
+    first = first_needed_block(num_computed, window, block_size)
+    right = _let_go(table, refs, first)
+    ceil = -(-max(0, num_computed - window + 1) // block_size)  # ceil, in integers
+    mistakes = [(_let_go(table, refs, ceil), CEIL_BLOCK),  # before W - 1, which can agree
+                (_let_go(table, refs, first_needed_block(num_computed, window + 1, block_size)),
+                 OFF_BY_ONE_READ)]
+    if window > 1:
+        mistakes.append((_let_go(table, refs, first_needed_block(num_computed, window - 1,
+                                                                 block_size)), OFF_BY_ONE_READ))
+    return [(_listed(value), hint) for value, hint in [
+        *mistakes,
+        (_let_go(table, refs, first, shared_freed=True), SHARED_FREED),
+        (_let_go(table, refs, first, shared_kept=True), SHARED_KEPT),
+        ((table[first:], right[1]), TABLE_LENGTH),
+        ((right[0], [b for b in table[:first] if b == 0 or refs[b] == 1]), NULL_SKIPPED)]]
 
 
 def _free_case(table: Sequence[int], refs: dict[int, int], num_computed: int, window: int,
-               block_size: int, label: str) -> Case:
+               block_size: int, label: str, hints: dict[str, str] | None = None) -> Case:
     return Case(
         f"fn(table={list(table)}, ref_counts={refs}, num_computed={num_computed}, "
         f"window={window}, block_size={block_size})  # {label}",
         lambda fn, t=tuple(table), r=dict(refs): _listed(
             fn(list(t), dict(r), num_computed, window, block_size)),
-        list(freed_by_window(table, refs, num_computed, window, block_size)), _FREE_HINT)
+        _listed(freed_by_window(table, refs, num_computed, window, block_size)), _FREE_HINT,
+        compare=recognising(_free_mistakes(table, refs, num_computed, window, block_size)),
+        hints=hints or {})
 
 
 def _listed(result: Any) -> Any:
-    """A (table, returned) pair as two lists, whatever sequence types the learner used."""
+    """A (table, returned) pair as two labelled lists, whatever sequence types the learner
+    used, so that a report names the part that differs (``table[2]: got 0, expected 2``)."""
     if isinstance(result, tuple | list) and len(result) == 2:
-        return [list(result[0]), list(result[1])]
+        return labelled(("table", "returned"), [list(result[0]), list(result[1])])
     return result
 
 
@@ -147,7 +230,8 @@ def _free_cases() -> list[Case]:
         _free_case(table, refs, 14, 8, 4, "reads 7..: block 1 still holds position 7"),
         _free_case(table, shared, 18, 8, 4, "blocks 0 and 1 are shared with another request's "
                    "prefix: they leave the table but stay out of the pool"),
-        _free_case([0, 0, 2, 7, 4], refs, 19, 5, 4, "blocks 0 and 1 went earlier (null)"),
+        _free_case([0, 0, 2, 7, 4], refs, 19, 5, 4, "blocks 0 and 1 went earlier (null)",
+                   {"raised": NULL_SKIPPED}),
         _free_case(table, refs, 3, 8, 4, "shorter than the window: nothing goes"),
         _free_case(table, refs, 16, 1, 4, "a window of one token: only the new token's block "
                    "stays"),
@@ -180,6 +264,42 @@ _HIT_HINT = ("a full group needs blocks 0..k-1 cached; a window group only those
              "W - 1 positions before k x block_size (the first recomputed token reads them "
              "and itself); the hit is the largest k every group serves, and never covers the "
              "prompt's last token")
+HIT_SAME_K = ("every group must serve the SAME k: a k that each group serves on its own, "
+              "taken group by group (the smallest of their best), need not be served by all")
+HIT_EVERY_GROUP = ("every group must serve the hit, the window groups too: a window group "
+                   "needs the blocks holding the W - 1 positions before k x block_size, and "
+                   "when it lacks them the hit is shorter, however much the full group holds")
+HIT_W_MINUS_ONE = ("the first recomputed token reads W positions, itself and the W - 1 before "
+                   "it: a window group needs the blocks of those W - 1 positions, not of W")
+HIT_NOT_MONOTONE = ("a window group needs only the blocks its window reads: it may lack "
+                    "earlier blocks (it let them go) and still serve a longer hit, so do not "
+                    "stop at the first k that fails; try k from the largest down")
+HIT_LAST_TOKEN = ("the prompt's last token is always computed (it yields the first output "
+                  "token), so the hit never covers it: at most (num_tokens - 1) // block_size "
+                  "blocks")
+HIT_IN_TOKENS = "return the hit in tokens: k full blocks are k x block_size tokens"
+
+
+def _hit_mistakes(cached: Sequence[Sequence[bool]], windows: Sequence[int | None],
+                  block_size: int, num_tokens: int) -> list[tuple[int, str]]:
+    """What each recognised slip gives for these groups (in tokens), with its hint; the
+    first that matches wins, so a slip comes before any other that can give its value on
+    the case that first tells it apart."""
+    def hit(flags: Sequence[Sequence[bool]], spans: Sequence[int | None],
+            tokens: int = num_tokens) -> int:
+        return hit_blocks(flags, spans, block_size, tokens) * block_size
+
+    mistakes = [
+        (min(hit([f], [w]) for f, w in zip(cached, windows, strict=True)), HIT_SAME_K),
+        (hit([f if w is None else [True] * len(f) for f, w in zip(cached, windows, strict=True)],
+             windows), HIT_EVERY_GROUP),
+        (hit(cached, [None if w is None else w + 1 for w in windows]), HIT_W_MINUS_ONE),
+        (hit(cached, [None] * len(windows)), HIT_NOT_MONOTONE),
+        (hit(cached, windows) // block_size, HIT_IN_TOKENS),
+    ]
+    if all(len(flags) >= num_tokens // block_size for flags in cached):
+        mistakes.append((hit(cached, windows, num_tokens + 1), HIT_LAST_TOKEN))
+    return mistakes
 
 
 def _hit_case(cached: Sequence[Sequence[bool]], windows: Sequence[int | None], block_size: int,
@@ -190,7 +310,8 @@ def _hit_case(cached: Sequence[Sequence[bool]], windows: Sequence[int | None], b
         f"num_tokens={num_tokens})  # {label}",
         lambda fn, c=tuple(tuple(bool(f) for f in g) for g in cached), w=tuple(windows): fn(
             [list(g) for g in c], list(w), block_size, num_tokens),
-        hit_blocks(cached, windows, block_size, num_tokens) * block_size, _HIT_HINT)
+        hit_blocks(cached, windows, block_size, num_tokens) * block_size, _HIT_HINT,
+        compare=recognising(_hit_mistakes(cached, windows, block_size, num_tokens)))
 
 
 def _hit_cases() -> list[Case]:
@@ -208,6 +329,9 @@ def _hit_cases() -> list[Case]:
                   "group holds"),
         _hit_case([[yes, yes, no, yes, yes, yes], [yes] * 6], [None, 8], 4, 25,
                   "the full group misses block 2"),
+        _hit_case([[yes, yes, yes, no, yes, yes], [no, no, no, no, yes, yes]], [None, 8], 4, 25,
+                  "the full group serves 3 blocks and the window group 6, but no k both: no "
+                  "hit"),
         _hit_case([[yes] * 6, [no, no, no, no, no, yes]], [None, 5], 4, 25,
                   "W = 5: 4 positions before k x 4 fit in one block"),
         _hit_case([[yes] * 6, [no, no, no, no, yes, yes]], [None, 5], 4, 24,
@@ -237,13 +361,46 @@ _WINDOW_HINT = ("the query is the token at position seq_len - 1 and reads positi
                 "max(0, seq_len - window) .. seq_len - 1: start the loop there, mask loads and "
                 "scores at both ends; the table's entries before the window are the null block "
                 "(NaN here), never read them")
+WINDOW_IGNORED_KERNEL = ("only the last window positions are read: start the loop at "
+                         "max(0, seq_len - window), not at 0")
+WINDOW_OFF_BY_ONE = ("the query at position seq_len - 1 reads exactly window positions, "
+                     "max(0, seq_len - window) .. seq_len - 1: the window is off by one")
+WINDOW_BLOCK_START = ("a window rarely starts on a block boundary: mask the positions before "
+                      "max(0, seq_len - window) inside the block that holds it")
+NULL_READ = ("NaN: a tile before the window was read, whose table entries are the null block "
+             "(NaN here) and whose scores, all masked, make exp(-inf - (-inf)) NaN: start the "
+             "loop at max(0, seq_len - window) and mask the loads as well as the scores")
+
+
+@dataclass(frozen=True)
+class WindowMatch(TensorMatch):
+    """Chapter 06's tensor judge, which also names a window's slips by the output they give
+    (``mistakes``: each slip's output on the case's inputs, and its hint); a NaN row that no
+    slip explains read the null block."""
+
+    mistakes: tuple[tuple[torch.Tensor, str], ...] = ()
+
+    def _recognised(self, want: Want, index: tuple[int, ...], row: torch.Tensor,
+                    expected: torch.Tensor) -> str:
+        for value, hint in self.mistakes:
+            wrong = value[index].double()
+            close = torch.allclose(row, wrong, rtol=self.rtol, atol=self.atol)
+            if (close and wrong.isfinite().all()
+                    and not torch.allclose(wrong, expected, rtol=self.rtol, atol=self.atol)):
+                return hint
+        return NULL_READ if row.isnan().any() else super()._recognised(want, index, row,
+                                                                         expected)
 
 
 def window_inputs(q_heads: int, kv_heads: int, block_size: int, lens: Sequence[int],
-                  window: int, *, seed: int, dtype: torch.dtype = torch.float32) -> DecodeInputs:
+                  window: int, *, seed: int, dtype: torch.dtype = torch.float32,
+                  null_before: bool = True) -> DecodeInputs:
     """Chapter 06's NaN-poisoned pool, with every table entry wholly before the window
-    pointing at the null block, as a window group's table does."""
+    pointing at the null block, as a window group's table does (unless ``null_before`` is
+    False: a table that still holds them)."""
     inputs = _decode_inputs(q_heads, kv_heads, block_size, lens, seed=seed, dtype=dtype)
+    if not null_before:
+        return inputs
     table = inputs.block_tables.clone()
     for row, length in enumerate(lens):
         table[row, : first_needed_block(length - 1, window, block_size)] = 0
@@ -252,18 +409,45 @@ def window_inputs(q_heads: int, kv_heads: int, block_size: int, lens: Sequence[i
                         inputs.scale)
 
 
+def _window_mistakes(inputs: DecodeInputs, window: int) -> tuple[tuple[torch.Tensor, str], ...]:
+    """Each slip's output on ``inputs`` (NaN where it reads the null block), with its hint."""
+    q, k_cache, v_cache, table, lens, scale = inputs.on(torch.device("cpu"))
+
+    def attend(rows: slice, reach: int | None) -> torch.Tensor:
+        return paged_attention_reference(q[rows], k_cache, v_cache, table[rows], lens[rows],
+                                         scale, window=reach)
+
+    block = k_cache.shape[1]
+    from_block = torch.cat([  # each sequence from the start of the block its window starts in
+        attend(slice(row, row + 1), length - max(0, length - window) // block * block)
+        for row, length in enumerate(lens.tolist())])
+    everything = slice(None)
+    slips = [(attend(everything, None), WINDOW_IGNORED_KERNEL),
+             (attend(everything, window + 1), WINDOW_OFF_BY_ONE),
+             (from_block, WINDOW_BLOCK_START)]
+    if window > 1:
+        slips.append((attend(everything, window - 1), WINDOW_OFF_BY_ONE))
+    return tuple(slips)
+
+
 def _window_case(inputs: DecodeInputs, window: int, label: str) -> Case:
     want = paged_attention_reference(*inputs.on(torch.device("cpu")), window=window)
-    return _tensor_case(
+    case = _tensor_case(
         f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, window={window})  # {label}: "
         f"{inputs.describe()}",
         lambda fn: fn(*inputs.on(kernel_device()), window),
         [Want("out", want, ("b", "h"), "float32")], _WINDOW_HINT,
         *_tolerance(inputs.q.dtype), "paged_attention_reference with the window", kernel=True)
+    match = case.expected.explain
+    recognised = WindowMatch(**{f.name: getattr(match, f.name) for f in fields(TensorMatch)},
+                             mistakes=_window_mistakes(inputs, window))
+    return replace(case, expected=Satisfies(case.expected.description, explain=recognised))
 
 
 _WINDOW_SETTINGS = (
     # (label, q heads, kv heads, block size, lengths, window, keyword arguments)
+    ("a table that still holds the blocks before the window: read only the window", 4, 2, 8,
+     [30, 13, 5], 11, {"null_before": False}),
     ("GQA group 4, a window smaller than a block", 8, 2, 8, [1, 8, 9, 45], 5, {}),
     ("GQA group 7, a window that is not a multiple of the block", 7, 1, 16, [70, 16], 37, {}),
     ("a window longer than every sequence: full attention", 2, 2, 16, [5, 20], 100, {}),
@@ -274,7 +458,7 @@ _WINDOW_SETTINGS = (
 
 
 def _window_cases() -> list[Case]:
-    return [_window_case(window_inputs(hq, hkv, b, lens, w, seed=20 + i, **kw), w, label)
+    return [_window_case(window_inputs(hq, hkv, b, lens, w, seed=19 + i, **kw), w, label)
             for i, (label, hq, hkv, b, lens, w, kw) in enumerate(_WINDOW_SETTINGS)]
 
 

@@ -6,20 +6,31 @@ notebook). Expected values come from ``course_lib.tier.CpuTier``, ``course_lib.r
 (``HashRing``, ``PrefixIndex``, ``prefix_aware_choice``) and ``course_lib.tier.TierStats``,
 always on the grader's side: a case's ``run`` replays a script of calls on the learner's
 object and returns what each call gave back, as plain data, and captures nothing computed
-from the answer key. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
+from the answer key. A wrong value that a known slip gives (a ring of ``hash % N``, tier hits
+left out, ...) is named by that slip's hint (``recognising``), computed on the grader's side
+too. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
 ``random.Random(seed)``).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, Raises, approx_equal, strict_equal
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    approx_equal,
+    recognising,
+    strict_equal,
+    unique_labels,
+)
 from course_lib.prefix_cache import hash_block_tokens
-from course_lib.router import HashRing, PrefixIndex, prefix_aware_choice
+from course_lib.router import HashRing, PrefixIndex, prefix_aware_choice, ring_position
 from course_lib.tier import CpuTier, TierStats
 
 Op = tuple[Any, ...]
@@ -34,8 +45,13 @@ def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str) -> Cas
 # --- 09.lru_tier: the byte-capped LRU store ----------------------------------------------
 
 
-def _replay_store(cls: Any, capacity: int, script: Sequence[Op]) -> list[Any]:
-    """Make the learner's store and play ``script`` on it; what each call returned."""
+def _op_labels(script: Sequence[Op]) -> list[str]:
+    """Each step's call as a distinct label (``put('a', 40)``, ``keys()``, ``keys() #2``)."""
+    return unique_labels([f"{op[0]}({', '.join(map(repr, op[1:]))})" for op in script])
+
+
+def _replay_store(cls: Any, capacity: int, script: Sequence[Op]) -> dict[str, Any]:
+    """Make the learner's store and play ``script`` on it; what each call returned, by call."""
     store = cls(capacity)
     out: list[Any] = []
     for op in script:
@@ -47,14 +63,14 @@ def _replay_store(cls: Any, capacity: int, script: Sequence[Op]) -> list[Any]:
             out.append(list(store.keys()))
         else:
             out.append(store.used())
-    return out
+    return dict(zip(_op_labels(script), out, strict=True))
 
 
 def _key_hash(key: str) -> bytes:
     return hash_block_tokens(None, list(key.encode()))
 
 
-def _expected_store(capacity: int, script: Sequence[Op]) -> list[Any]:
+def _expected_store(capacity: int, script: Sequence[Op]) -> dict[str, Any]:
     """The same script on ``CpuTier``."""
     tier, names = CpuTier(capacity), {}
     out: list[Any] = []
@@ -71,26 +87,34 @@ def _expected_store(capacity: int, script: Sequence[Op]) -> list[Any]:
             out.append([names[h] for h in tier.hashes()])
         else:
             out.append(tier.bytes_used)
-    return out
+    return dict(zip(_op_labels(script), out, strict=True))
 
 
-def _store_case(capacity: int, script: Sequence[Op], hint: str) -> Case:
+def _store_case(capacity: int, script: Sequence[Op], hint: str,
+                hints: dict[str, str] | None = None) -> Case:
     shown = "; ".join(f"{op[0]}({', '.join(map(repr, op[1:]))})" for op in script)
-    return _case(f"store = LruTier({capacity}); {shown}",
-                 lambda cls, s=tuple(script), c=capacity: _replay_store(cls, c, s),
-                 _expected_store(capacity, script), hint)
+    return Case(f"store = LruTier({capacity}); {shown}",
+                lambda cls, s=tuple(script), c=capacity: _replay_store(cls, c, s),
+                _expected_store(capacity, script), hint, strict_equal, hints or {})
 
 
 def _lru_cases() -> list[Case]:
     return [
         _store_case(100, [("put", "a", 40), ("put", "b", 40), ("keys",), ("used",),
                           ("put", "c", 40), ("keys",), ("used",)],
-                    "the least recently stored entry goes first, and only as many as the "
-                    "bytes need"),
+                    "drop only as many entries as the bytes need: each drop frees its bytes "
+                    "(here one, 'a', is enough)",
+                    {"put('c', 40)[0]": "the least recently used entry goes first: 'a', stored "
+                                        "before 'b'; a store that drops the newest is MRU, not "
+                                        "LRU"}),
         _store_case(100, [("put", "a", 30), ("put", "b", 30), ("put", "c", 30),
                           ("get", "a"), ("put", "d", 30), ("keys",)],
                     "get() on a hit makes the entry the most recently used, so 'b', not "
                     "'a', is dropped; a store that drops the newest is MRU, not LRU"),
+        _store_case(100, [("put", "a", 50), ("put", "b", 50), ("keys",), ("used",),
+                          ("put", "c", 1), ("keys",)],
+                    "exactly capacity bytes fit: drop entries only while MORE than the "
+                    "capacity is used (used() > capacity, not >=)"),
         _store_case(100, [("put", "big", 60), ("put", "s1", 10), ("put", "s2", 10),
                           ("put", "s3", 10), ("put", "s4", 10), ("put", "s5", 10),
                           ("keys",), ("used",)],
@@ -141,19 +165,57 @@ def _replay_ring(cls: Any, vnodes: int, first: int, joining: int, keys: Sequence
     return {"before": before, "after": [ring.lookup(k) for k in keys]}
 
 
-def _expected_ring(vnodes: int, first: int, joining: int, keys: Sequence[str]
+def _expected_ring(vnodes: int, first: int, joining: int, keys: Sequence[str],
+                   lookup: Callable[[HashRing, str], int] = HashRing.lookup
                    ) -> dict[str, list[int]]:
+    """The same replay on ``HashRing``, each key looked up by ``lookup`` (a slip's, for the
+    hints)."""
     ring = HashRing(range(first), vnodes)
-    before = [ring.lookup(k) for k in keys]
+    before = [lookup(ring, k) for k in keys]
     ring.add(joining)
-    return {"before": before, "after": [ring.lookup(k) for k in keys]}
+    return {"before": before, "after": [lookup(ring, k) for k in keys]}
+
+
+RING_MODULO = ("consistent hashing, not hash % N: a key goes to the first point at or after its "
+               "position, so adding a replica moves only the keys it takes over (hash % N "
+               "moves almost all)")
+RING_WRAP = ("a key past the last point wraps around the ring to the FIRST point, not the "
+             "last")
+RING_CLOCKWISE = ("the owner is the first point at or AFTER the key's position (clockwise), "
+                  "not the last point before it")
+RING_VNODES = ("each replica puts vnodes points on the ring, ring_position(f'replica {r} point "
+               "{v}') for v in range(vnodes), not one")
+
+
+def _slipped(at: Callable[[int, int], int]) -> Callable[[HashRing, str], int]:
+    """A lookup that takes point ``at(i, n)`` where the right one takes point ``i % n``
+    (``i``: the first point at or after the key, ``n`` points)."""
+    def lookup(ring: HashRing, key: str) -> int:
+        points = ring._points  # the library's sorted points and their owners
+        return ring._owners[at(bisect.bisect_left(points, ring_position(key)), len(points))]
+
+    return lookup
+
+
+def _ring_mistakes(vnodes: int, first: int, joining: int, keys: Sequence[str]
+                   ) -> list[tuple[dict[str, list[int]], str]]:
+    """What each recognised slip gives for this replay, with its hint."""
+    def modulo(ring: HashRing, key: str) -> int:
+        return sorted(ring.replicas)[ring_position(key) % len(ring.replicas)]
+
+    replay = (vnodes, first, joining, keys)
+    return [(_expected_ring(*replay, modulo), RING_MODULO),
+            (_expected_ring(*replay, _slipped(lambda i, n: min(i, n - 1))), RING_WRAP),
+            (_expected_ring(*replay, _slipped(lambda i, n: i - 1)), RING_CLOCKWISE),
+            (_expected_ring(1, first, joining, keys), RING_VNODES)]
 
 
 def _ring_case(vnodes: int, first: int, joining: int, keys: Sequence[str], hint: str) -> Case:
     call = (f"ring = Ring({vnodes}); add replicas 0..{first - 1}; look up "
             f"{len(keys)} keys ({keys[0]!r}, ...); add({joining}); look them up again")
-    return _case(call, lambda cls, a=(vnodes, first, joining, tuple(keys)): _replay_ring(
-        cls, *a), _expected_ring(vnodes, first, joining, keys), hint)
+    return Case(call, lambda cls, a=(vnodes, first, joining, tuple(keys)): _replay_ring(
+        cls, *a), _expected_ring(vnodes, first, joining, keys), hint,
+        recognising(_ring_mistakes(vnodes, first, joining, keys), strict_equal))
 
 
 def _ring_errors(cls: Any, what: str) -> Any:
@@ -263,13 +325,47 @@ def _hit_rate(row: dict[str, int]) -> float:
                      row["external_prefix_cache_hits"], 0, 0, 0).hit_rate
 
 
-def _expected_tier(study: dict[float, dict[str, int]], share: float) -> float:
-    base = _hit_rate(study[0.0])
-    gains = {m: _hit_rate(row) - base for m, row in study.items()}
+def _expected_tier(study: dict[float, dict[str, int]], share: float,
+                   rate: Callable[[dict[str, int]], float] = _hit_rate,
+                   smallest: Callable[[Sequence[float]], float] = min) -> float:
+    """The smallest multiple whose gain over no tier reaches ``share`` of the best gain;
+    ``rate`` and ``smallest`` are a slip's, for the hints."""
+    base = rate(study[0.0])
+    gains = {m: rate(row) - base for m, row in study.items()}
     best = max(gains.values())
     if best <= 0:
         return 0.0
-    return min(m for m, g in gains.items() if g >= share * best)
+    return smallest([m for m, g in gains.items() if g >= share * best])
+
+
+TIER_HITS = ("tier hits are hits too: a run's hit rate is (GPU hits + tier hits) / queries of "
+             "its own row")
+TIER_PER_QUERY = ("compare hit RATES, (GPU hits + tier hits) / queries of each row: the runs "
+                  "answered different numbers of queries (preempted requests look up again), "
+                  "so hit counts are not comparable")
+TIER_GAIN = ("share is a share of the best GAIN over the run without a tier (rate - rate at "
+             "0), not of the best hit rate")
+TIER_ORDER = ("the rows need not come in order: choose the smallest multiple that reaches the "
+              "share, not the first row that does")
+TIER_SMALLEST = ("choose the SMALLEST tier whose gain reaches share x the best gain: a larger "
+                 "one buys little more")
+
+
+def _tier_mistakes(study: dict[float, dict[str, int]], share: float
+                   ) -> list[tuple[float, str]]:
+    """What each recognised slip gives for this study, with its hint."""
+    def hits(row: dict[str, int]) -> float:
+        return row["prefix_cache_hits"] + row["external_prefix_cache_hits"]
+
+    rates = {m: _hit_rate(row) for m, row in study.items()}
+    return [
+        (_expected_tier({m: row | {"external_prefix_cache_hits": 0} for m, row in study.items()},
+                        share), TIER_HITS),
+        (_expected_tier(study, share, hits), TIER_PER_QUERY),
+        (min(m for m, r in rates.items() if r >= share * max(rates.values())), TIER_GAIN),
+        (_expected_tier(study, share, smallest=lambda found: found[0]), TIER_ORDER),
+        (max(study), TIER_SMALLEST),
+    ]
 
 
 def _row(queries: int, gpu: int, tier: int) -> dict[str, int]:
@@ -280,7 +376,8 @@ def _row(queries: int, gpu: int, tier: int) -> dict[str, int]:
 def _tier_case(study: dict[float, dict[str, int]], share: float, hint: str) -> Case:
     call = f"choose_tier({study}, share={share})"
     return Case(call, lambda fn, s=study, f=share: fn({m: dict(r) for m, r in s.items()}, f),
-                _expected_tier(study, share), hint, approx_equal)
+                _expected_tier(study, share), hint,
+                recognising(_tier_mistakes(study, share), approx_equal))
 
 
 STUDY = {0.0: _row(1000, 600, 0), 1.0: _row(1000, 600, 80), 4.0: _row(1000, 600, 95),
@@ -299,6 +396,10 @@ def _tier_cases() -> list[Case]:
                     8.0: _row(1000, 430, 140)}, 0.8,
                    "a hit rate is (GPU hits + tier hits) / queries of its own row: the "
                    "queries differ between runs (preempted requests look up again)"),
+        _tier_case({0.0: _row(1000, 500, 0), 2.0: _row(2000, 1000, 200),
+                    8.0: _row(1000, 500, 150)}, 0.9,
+                   "the 2x run answered twice the queries, so it counts twice the hits: its "
+                   "rate, 0.6, is below the 8x run's 0.65"),
         _tier_case({16.0: _row(1000, 600, 100), 0.0: _row(1000, 600, 0),
                     4.0: _row(1000, 600, 95)}, 0.9, "the rows need not come in order"),
     ]
