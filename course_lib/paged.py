@@ -441,6 +441,14 @@ class PagedKVManager(SequenceLookup):
         """Physical block of each logical block of ``seq_id``."""
         return tuple(self._get(seq_id).table)
 
+    def last_block(self, seq_id: str) -> int:
+        """The last block of ``seq_id``'s table (where its next token goes while that block
+        has room), without copying the table; ValueError if the table is empty."""
+        table = self._get(seq_id).table
+        if not table:
+            raise ValueError(f"sequence {seq_id!r} holds no block")
+        return table[-1]
+
     def seq_len(self, seq_id: str) -> int:
         """Tokens in ``seq_id``."""
         return self._get(seq_id).length

@@ -545,8 +545,10 @@ class ServingCore:
     def _blocks_for(self, plan: list[Chunk]) -> int:
         """Free blocks claiming ``plan``'s slots takes (copies of shared blocks included)."""
         manager, pool, size = self.manager, self.pool, self.pool.block_size
-        if len(plan) == 1 and plan[0].decode and plan[0].start % size == 0:
-            return 1  # a decode that starts a new block (the common claim)
+        if len(plan) == 1 and plan[0].decode:  # the common claims, without a table copy
+            if plan[0].start % size == 0:
+                return 1  # a decode that starts a new block
+            return int(pool.ref_count(manager.last_block(plan[0].sample.seq_id)) > 1)
         needed, revived, writers = 0, set(), {}
         for chunk in plan:
             end = chunk.start + chunk.count

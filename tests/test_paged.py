@@ -660,3 +660,17 @@ TestPoolProperties = PoolMachine.TestCase
 TestPoolProperties.settings = _PROPERTY_SETTINGS
 TestCachingPoolProperties = CachingPoolMachine.TestCase
 TestCachingPoolProperties.settings = _PROPERTY_SETTINGS
+
+
+def test_last_block_is_the_table_s_last_entry_and_names_an_empty_table() -> None:
+    manager = PagedKVManager(BlockPool(8, 4))
+    manager.add_sequence("a", 5)
+    manager.add_sequence("empty", 0)
+    assert manager.last_block("a") == manager.block_table("a")[-1]
+    manager.fork("a", "b")
+    manager.append_tokens("b")  # copy-on-write: b's last block is its own copy now
+    assert manager.last_block("b") == manager.block_table("b")[-1] != manager.last_block("a")
+    with pytest.raises(ValueError, match="sequence 'empty' holds no block"):
+        manager.last_block("empty")
+    with pytest.raises(ValueError, match="unknown sequence 'zz'"):
+        manager.last_block("zz")
