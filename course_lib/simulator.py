@@ -35,6 +35,17 @@ are its positions and its id is its cache salt: only the request itself can find
 blocks, and running requests never share one (sharing is chapter 04's). Admission is
 unchanged (a cached free block is still a free block), so the schedule changes only where
 a token budget sees the tokens no longer prefilled; a cost model's times change too.
+
+Hybrid models (chapter 08: ``SimConfig(model=...)``, built with :meth:`SimConfig.for_model`)
+are scheduled by the hybrid serving core (``course_lib.hybrid_serving``): each request holds
+a block table per KV-cache group, all drawing on one pool of one page size, and a window
+group hands back the blocks its window has passed. The requests are the paged run's, the
+core runs in eager mode (every decode reaches the manager every step, so a step costs work
+for every running request), and preemption is by recompute. A slot is one token of one
+group's page: the pool has ``blocks x block_size`` of them, and a request of L tokens holds
+L in each full group and fewer in a window group. With every layer full (one group) a run
+is exactly the paged run. A hybrid run keeps per-step timelines (``record="steps"``) but no
+allocation events, so ``record="full"`` and :meth:`SimResult.pool_at` are refused.
 """
 
 from __future__ import annotations
@@ -312,7 +323,13 @@ METRICS: dict[str, str] = {
 }
 """What each metric of :class:`SimResult` means. Shares are of ``kv_tokens``, the slots
 requests may use (the paged pool's null block excluded). ``reused_tokens`` is reported
-(in :meth:`SimResult.as_dict` and the command line) only for runs with prefix caching."""
+(in :meth:`SimResult.as_dict` and the command line) only for runs with prefix caching.
+
+With a hybrid model (``SimConfig.model``) a slot is one token of one KV-cache group's page:
+``kv_tokens`` is the pool's blocks x ``block_size``, the shares and ``utilization`` count
+slots across all groups (a window group holds only the blocks its window still reads),
+``last_block_unused`` sums the empty slots of a request's last block in every group, and a
+cost model's KV read is every slot held."""
 
 
 @dataclass(frozen=True)
