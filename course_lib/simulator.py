@@ -329,7 +329,7 @@ With a hybrid model (``SimConfig.model``) a slot is one token of one KV-cache gr
 ``kv_tokens`` is the pool's blocks x ``block_size``, the shares and ``utilization`` count
 slots across all groups (a window group holds only the blocks its window still reads),
 ``last_block_unused`` sums the empty slots of a request's last block in every group, and a
-cost model's KV read is every slot held."""
+cost model reads every token held, in every group."""
 
 
 @dataclass(frozen=True)
@@ -562,7 +562,8 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
     :meth:`SimResult.arena_at` and :meth:`SimResult.pool_at` can redraw any step.
     Requests that could never run, even alone (longer than ``max_len`` or than the whole
     memory), are rejected, counted and listed in ``rejections``. ``progress`` shows a bar
-    of tokens decoded (worth it on runs slower than a couple of seconds).
+    of tokens decoded (worth it on runs slower than a couple of seconds). A run with a
+    hybrid model (``config.model``) keeps no events: ``record="full"`` is refused.
     """
     config = config or SimConfig()
     if record not in RECORDINGS:
@@ -932,6 +933,7 @@ class _HybridRun(_Run):
     running requests share a block: one sample each, a cache salt of its own).
     """
 
+    # the paged run's: a trace request queued in the core, the waiting head, a preemption
     _arrive = _PagedRun._arrive
     waiting_head = _PagedRun.waiting_head
     _preempted = _PagedRun._preempted
@@ -966,7 +968,7 @@ class _HybridRun(_Run):
                 self.reused += hit * self.config.block_size
                 self.recomputed += chunk.count - 1
             prefilled += chunk.count - 1
-            # slots 0: the tallies' slot counts are one table's; _decoded counts every group
+            # slots 0: a tally counts one table's slots; _decoded counts every group's
             self._admitted(i, t, chunk.start + chunk.count - 1, (), 0, hit)
         return bool(schedule.preempted), prefilled
 
