@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
 
 from course_lib import simulator
@@ -222,15 +222,32 @@ windows = st.lists(st.none() | st.integers(1, 12), min_size=1, max_size=4)
 def test_hybrid_runs_keep_the_window_rule_and_every_invariant(
         trace: list[Request], layer_windows: list[int | None], block: int, blocks: int,
         scheduler: SchedulerConfig, caching: bool) -> None:
+    """Every step: the window rule, the pool holding exactly the tables' blocks and the
+    slots counted as the tables hold them; at the end: nothing held, every request done
+    with exactly its output; the refused calls first, which change nothing."""
     config = server(tiny_model(*layer_windows), blocks, block, scheduler=scheduler,
                     prefix_caching=caching)
+    given_trace = list(trace)
+    refuse_the_unmodelled(trace, config)
+    assert trace == given_trace
     if len(rejected(trace, config)) == len(trace):
         with pytest.raises(ValueError, match="every request was rejected"):
             simulate(trace, config)
         return
     with pytest.MonkeyPatch.context() as patch:
         result = Watch(patch).simulate(trace, config)
+    target(float(result.preemptions))  # steer towards runs that preempt
     check_timeline(trace, config, result)
+
+
+def refuse_the_unmodelled(trace: list[Request], config: SimConfig) -> None:
+    """Swapping, a contiguous arena and allocation events, each refused for a hybrid model."""
+    with pytest.raises(ValueError, match="preemption='recompute' only"):
+        replace(config, scheduler=replace(config.scheduler, preemption="swap"))
+    with pytest.raises(ValueError, match="needs the paged allocator"):
+        replace(config, allocator="exact-size")
+    with pytest.raises(ValueError, match="record='full'"):
+        simulate(trace, config, record="full")
 
 
 def test_a_window_model_batches_more_than_its_all_full_twin() -> None:
