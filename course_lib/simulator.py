@@ -35,6 +35,17 @@ are its positions and its id is its cache salt: only the request itself can find
 blocks, and running requests never share one (sharing is chapter 04's). Admission is
 unchanged (a cached free block is still a free block), so the schedule changes only where
 a token budget sees the tokens no longer prefilled; a cost model's times change too.
+
+Hybrid models (chapter 08: ``SimConfig(model=...)``, built with :meth:`SimConfig.for_model`)
+are scheduled by the hybrid serving core (``course_lib.hybrid_serving``): each request holds
+a block table per KV-cache group, all drawing on one pool of one page size, and a window
+group hands back the blocks its window has passed. The requests are the paged run's, the
+core runs in eager mode (every decode reaches the manager every step, so a step costs work
+for every running request), and preemption is by recompute. A slot is one token of one
+group's page: the pool has ``blocks x block_size`` of them, and a request of L tokens holds
+L in each full group and fewer in a window group. With every layer full (one group) a run
+is exactly the paged run. A hybrid run keeps per-step timelines (``record="steps"``) but no
+allocation events, so ``record="full"`` and :meth:`SimResult.pool_at` are refused.
 """
 
 from __future__ import annotations
@@ -47,7 +58,8 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from course_lib.kv_math import GIB, MODELS
+from course_lib.hybrid_serving import HybridServingCore
+from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, HybridModel
 from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder
 from course_lib.prefix_cache import PrefixCachingBlockPool
@@ -60,6 +72,7 @@ from course_lib.validate import (
     check_int,
     check_non_negative_number,
     check_positive_number,
+    describe,
 )
 from course_lib.workload import Request, check_open_trace, check_trace_size, validate_trace
 
@@ -143,6 +156,12 @@ class SimConfig:
     still cached (see the module's docstring). ``free_order`` is the pool's
     (``course_lib.paged``): ``"vllm"`` reuses a freed block without a hash first,
     ``"fifo"`` (vLLM before May 2026) queues every freed block at the back.
+
+    ``model`` (paged only, recompute preemption only) serves a hybrid model
+    (``course_lib.kv_math.HybridModel``, chapter 08): each request holds a block table per
+    KV-cache group, all drawing on one pool whose page is ``model.block_bytes(block_size)``.
+    A slot is then one token of one group's page, so ``bytes_per_token`` must be that
+    page over ``block_size`` (``model.block_bytes(1, dtype)``): :meth:`for_model` sets it.
     """
 
     allocator: Allocator = "paged"
@@ -155,6 +174,15 @@ class SimConfig:
     costs: CostModel = field(default_factory=CostModel)
     prefix_caching: bool = field(default=False, repr=False)
     free_order: FreeOrder = field(default="vllm", repr=False)
+    model: HybridModel | None = field(default=None, repr=False)
+
+    @classmethod
+    def for_model(cls, model: HybridModel, dtype: str = "fp16", **kwargs: Any) -> SimConfig:
+        """A paged server for the hybrid ``model`` with its K/V in ``dtype``: ``kwargs`` are
+        the other fields; ``bytes_per_token`` is one token of one group's page."""
+        if not isinstance(model, HybridModel):
+            raise ValueError(f"model must be a HybridModel, got {describe(model)}")
+        return cls(model=model, bytes_per_token=model.block_bytes(1, dtype), **kwargs)
 
     def __post_init__(self) -> None:
         if self.allocator not in ALLOCATORS:
@@ -177,6 +205,8 @@ class SimConfig:
             raise ValueError(f"prefix caching needs the paged allocator, got "
                              f"allocator={self.allocator!r}")
         self.scheduler.check_max_len(self.max_len)
+        if self.model is not None:
+            self._check_model()
         if self.allocator == "paged" and self.num_blocks < 2:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds {self.num_blocks} "
                              f"blocks of {self.block_size} tokens; the pool needs at least 2")
@@ -186,6 +216,27 @@ class SimConfig:
                           "lower budget_bytes or raise block_size")
         if self.allocator != "paged" and self.kv_tokens < 1:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds no token")
+
+    def _check_model(self) -> None:
+        """Refuse a hybrid model the simulator does not model, or a slot of the wrong size."""
+        model = self.model
+        if not isinstance(model, HybridModel):
+            raise ValueError(f"model must be a HybridModel or None, got {describe(model)}")
+        if self.allocator != "paged":
+            raise ValueError(f"a hybrid model needs the paged allocator, got "
+                             f"allocator={self.allocator!r}")
+        if self.scheduler.preemption != "recompute":
+            raise ValueError(f"a hybrid model is simulated with preemption='recompute' only "
+                             f"(the hybrid serving core's), got "
+                             f"preemption={self.scheduler.preemption!r}")
+        slots: dict[int, list[str]] = {}
+        for dtype in DTYPE_BYTES:
+            slots.setdefault(model.block_bytes(1, dtype), []).append(dtype)
+        if self.bytes_per_token not in slots:
+            sizes = ", ".join(f"{size} ({'/'.join(names)})" for size, names in slots.items())
+            raise ValueError(f"bytes_per_token={self.bytes_per_token} is not one token of one "
+                             f"KV-cache group's page of {model.name} ({sizes}); build the "
+                             f"config with SimConfig.for_model")
 
     @property
     def kv_tokens(self) -> int:
@@ -272,7 +323,13 @@ METRICS: dict[str, str] = {
 }
 """What each metric of :class:`SimResult` means. Shares are of ``kv_tokens``, the slots
 requests may use (the paged pool's null block excluded). ``reused_tokens`` is reported
-(in :meth:`SimResult.as_dict` and the command line) only for runs with prefix caching."""
+(in :meth:`SimResult.as_dict` and the command line) only for runs with prefix caching.
+
+With a hybrid model (``SimConfig.model``) a slot is one token of one KV-cache group's page:
+``kv_tokens`` is the pool's blocks x ``block_size``, the shares and ``utilization`` count
+slots across all groups (a window group holds only the blocks its window still reads),
+``last_block_unused`` sums the empty slots of a request's last block in every group, and a
+cost model reads every token held, in every group."""
 
 
 @dataclass(frozen=True)
@@ -364,6 +421,8 @@ class SimResult:
         config = self.config
         if config.allocator != "paged":
             raise ValueError("pool_at is for the paged allocator; use arena_at")
+        if config.model is not None:
+            raise ValueError("pool_at is not modelled for a hybrid model's run")
         self._events_until(step)  # checks the run kept its events and the step exists
         run = _PagedRun(list(self.trace), config, "off", progress=False)
         run.run_until(step)
@@ -445,6 +504,31 @@ class _PagedMemory:
         return (length + self.block_size) // self.block_size * self.block_size, 0, False
 
 
+class _HybridMemory(_PagedMemory):
+    """The metrics' view of a pool shared by ``groups`` KV-cache groups: a request holds
+    blocks in every group, and a slot is one token of one group's page."""
+
+    def __init__(self, config: SimConfig, pool: BlockPool, groups: int) -> None:
+        super().__init__(config, pool)
+        self.groups = groups
+
+    def reject_reason(self, final_len: int) -> str | None:
+        """Why a request ending at ``final_len`` tokens can never run, or None: recomputed
+        at that length, it holds the whole sequence in every group for a step (the hybrid
+        serving core's ``check_fits``)."""
+        need = self.groups * -(-final_len // self.block_size)
+        if need > self.usable:
+            return (f"needs {need} blocks of {self.block_size} ({self.groups} KV-cache "
+                    f"groups), the pool has {self.usable}")
+        return None
+
+    def fragmentation(self, length: int, final_len: int) -> tuple[int, int, bool]:
+        """For a waiting request: the slots of the blocks its admission takes in all groups
+        (each holds the whole prompt), and no external fragmentation."""
+        need, stranded, no_gap = super().fragmentation(length, final_len)
+        return self.groups * need, stranded, no_gap
+
+
 class Positions:
     """A simulated sequence's token ids: its positions, 0, 1, 2, ... Only lengths matter to
     the simulator; a request's cache salt keeps its hashes its own. Stored as a length."""
@@ -478,7 +562,8 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
     :meth:`SimResult.arena_at` and :meth:`SimResult.pool_at` can redraw any step.
     Requests that could never run, even alone (longer than ``max_len`` or than the whole
     memory), are rejected, counted and listed in ``rejections``. ``progress`` shows a bar
-    of tokens decoded (worth it on runs slower than a couple of seconds).
+    of tokens decoded (worth it on runs slower than a couple of seconds). A run with a
+    hybrid model (``config.model``) keeps no events: ``record="full"`` is refused.
     """
     config = config or SimConfig()
     if record not in RECORDINGS:
@@ -488,7 +573,11 @@ def simulate(requests: Iterable[Request], config: SimConfig | None = None, *,
         raise ValueError("simulate needs at least one request")
     check_trace_size(trace)
     check_open_trace(trace)
-    run_type = _PagedRun if config.allocator == "paged" else _SlabRun
+    if config.model is not None and record == "full":
+        raise ValueError("record='full' (allocation events, pool_at) is for runs without a "
+                         "hybrid model; use record='steps' with SimConfig.model")
+    run_type: type[_Run] = (_SlabRun if config.allocator != "paged" else
+                            _PagedRun if config.model is None else _HybridRun)
     return run_type(trace, config, record, progress).result()
 
 
@@ -562,6 +651,11 @@ class _Run:
     def waiting_head(self) -> int | None:
         """The trace index of the request first in the waiting queue, or None."""
         raise NotImplementedError
+
+    def _decoded(self, batch: int) -> None:
+        """Step's decode, before its metrics are taken: each of the ``batch`` running
+        requests wrote one token."""
+        self.sum_len += batch
 
     # --- events shared by both ---------------------------------------------------------------
 
@@ -654,7 +748,7 @@ class _Run:
             batch = len(scheduler.running)
             if not batch and not preempted:
                 self._stuck(t)
-            self.sum_len += batch
+            self._decoded(batch)
             acc.step(batch, prefilled, self.preemptions - preemptions_before)
             if t == stop_at:
                 self._stop(decoded=True)
@@ -824,6 +918,89 @@ class _PagedRun(_Run):
             self.core.sync_all()
         else:
             self.core.pool.take_events()
+
+
+class _HybridRun(_Run):
+    """A hybrid model (``SimConfig.model``) on a paged pool, scheduled by the hybrid serving
+    core (``course_lib.hybrid_serving``) over a pool without K/V, as :class:`_PagedRun` is
+    by the plain one, with the same requests (``P + 1`` prompt tokens, ``max_tokens=O``).
+
+    The core runs in eager mode: a window group hands back a block exactly when a decode
+    moves past it, so every decode reaches the manager every step, and a step costs work
+    for every running request (a lazy core touches a decode only when it needs a block).
+    Slots are counted in every group: each step, the blocks the pool has handed out, less
+    the slots not yet written in each running request's last block of each group (no two
+    running requests share a block: one sample each, a cache salt of its own).
+    """
+
+    # the paged run's: a trace request queued in the core, the waiting head, a preemption
+    _arrive = _PagedRun._arrive
+    waiting_head = _PagedRun.waiting_head
+    _preempted = _PagedRun._preempted
+
+    def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
+                 progress: bool) -> None:
+        super().__init__(trace, config, record, progress)
+        assert config.model is not None
+        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
+        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
+        windows = [group.window for group in config.model.kv_cache_groups()]
+        self.core = HybridServingCore(config.scheduler, pool, windows, chunked_prefill=False)
+        self.scheduler = self.core.scheduler
+        self.memory = _HybridMemory(config, pool, len(windows))
+        self.index: list[int] = []  # the core's request id -> trace index
+        self._pending: Schedule | None = None  # the step scheduled, not yet advanced
+        self._reject_impossible(self.memory)
+
+    def _schedule(self, t: int) -> tuple[bool, int]:
+        """The core's step ``t``, logged: preemptions, then admissions (the decodes, all
+        listed in eager mode, are counted by :meth:`_decoded`)."""
+        schedule = self._pending = self.core.schedule()
+        for request_id in schedule.preempted:
+            self._preempted(self.index[request_id], t, None)
+        prefilled = 0
+        for chunk in schedule.chunks:
+            if chunk.decode:
+                continue
+            i = self.index[chunk.request.request_id]
+            hit = len(chunk.hit or ())
+            if self.tally[i].preempted_at >= 0:
+                self.reused += hit * self.config.block_size
+                self.recomputed += chunk.count - 1
+            prefilled += chunk.count - 1
+            # slots 0: a tally counts one table's slots; _decoded counts every group's
+            self._admitted(i, t, chunk.start + chunk.count - 1, (), 0, hit)
+        return bool(schedule.preempted), prefilled
+
+    def _decoded(self, batch: int) -> None:
+        """The step's slots in all groups: held (the pool's blocks in use) less those not
+        yet written in the running requests' last blocks (``sum_len``), and of those the
+        ones past a request's final length (``sum_internal``)."""
+        size, groups = self.config.block_size, self.memory.groups
+        manager, requests = self.core.manager, self.core.requests
+        empty = internal = 0
+        for index in self.scheduler.running:
+            length = manager.seq_len(requests[index].samples[0].seq_id)
+            empty += -length % size
+            final = self.final[self.index[index]]
+            if -(-length // size) == -(-final // size):  # it holds its last block
+                internal += -final % size
+        self.sum_len = self.memory.allocated - groups * empty
+        self.sum_internal = groups * internal
+
+    def _finish_step(self, t: int) -> int:
+        core = self.core
+        finished = 0
+        for request, done in core.retire(core.advance(self._pending, _next_position)):
+            if done:
+                self._finished(self.index[request.request_id], t)
+                finished += 1
+        return finished
+
+
+def _next_position(_index: int, request: ServingRequest, sample: Sample) -> None:
+    """An eager core's draw for a simulated sample: its next token is its position."""
+    request.append_token(sample, len(sample.tokens), ())
 
 
 class _Accumulator:

@@ -1,6 +1,6 @@
 """The serving core over the hybrid manager: with one full group it schedules exactly as the
-plain core does; with window groups the tables follow the window rule every step, and a
-hybrid model serves the support chat with more requests per step than its all-full twin."""
+plain core does; with window groups the tables follow the window rule every step. (The
+simulator drives it over traces: ``tests/test_simulator_hybrid.py``.)"""
 
 from __future__ import annotations
 
@@ -11,15 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_lib.hybrid_serving import HybridServingCore
-from course_lib.hybrid_study import prompt_tokens, serve_trace
-from course_lib.kv_math import GIB, HYBRID_MODELS
 from course_lib.paged import NULL_BLOCK, BlockPool
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Sample, ServingCore, ServingRequest
-from course_lib.workload import Request, support_chat
 
 B = 4
+
+
+def prompt_tokens(length: int, shared: int, index: int) -> list[int]:
+    """A prompt of ``length`` ids whose first ``shared`` (at most) are every prompt's."""
+    own = max(0, length - shared)
+    return list(range(length - own)) + [shared + index * 10_000_000 + i for i in range(own)]
 
 
 def requests(specs: list[tuple[int, int, int]]) -> list[ServingRequest]:
@@ -27,8 +30,7 @@ def requests(specs: list[tuple[int, int, int]]) -> list[ServingRequest]:
     prefix of ids, two samples for every third request."""
     made = []
     for index, (length, shared, output) in enumerate(specs):
-        trace_request = Request(index, length, output)
-        prompt = prompt_tokens(trace_request, shared)
+        prompt = prompt_tokens(length, shared, index)
         samples = 2 if index % 3 == 2 else 1
         made.append(ServingRequest(index, prompt, output, 0, [
             Sample(f"r{index}.{k}", list(prompt)) for k in range(samples)]))
@@ -97,24 +99,3 @@ def test_swap_and_bad_windows_are_refused() -> None:
     with pytest.raises(ValueError, match="window"):
         HybridServingCore(SchedulerConfig(), BlockPool(8, B), [0])
 
-
-def test_hybrid_model_batches_more_than_its_all_full_twin() -> None:
-    trace = support_chat(60)
-    model = HYBRID_MODELS["gpt-oss-20b"]
-    hybrid = serve_trace(trace, model, 0.25 * GIB, progress=False)
-    full = serve_trace(trace, model.all_full(), 0.25 * GIB, progress=False)
-    assert hybrid.num_blocks == 2 * full.num_blocks  # half the layers per page
-    assert hybrid.generated == full.generated == sum(r.output_len for r in trace)
-    assert hybrid.avg_batch > full.avg_batch and hybrid.steps < full.steps
-    assert hybrid.preemptions < full.preemptions
-    assert 0 < hybrid.hit_tokens <= hybrid.prompt_tokens
-
-
-def test_study_refuses_bad_inputs() -> None:
-    trace = support_chat(2)
-    with pytest.raises(ValueError, match="HybridModel"):
-        serve_trace(trace, "gpt-oss-20b", GIB, progress=False)
-    with pytest.raises(ValueError, match="budget_bytes"):
-        serve_trace(trace, HYBRID_MODELS["gpt-oss-20b"], 0, progress=False)
-    with pytest.raises(ValueError, match="needs up to"):  # a pool too small for one chat
-        serve_trace(trace, HYBRID_MODELS["gpt-oss-20b"], 2**22, progress=False)
