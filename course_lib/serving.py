@@ -103,8 +103,10 @@ class ServingRequest:
     @property
     def fresh(self) -> bool:
         """Whether no token has been generated yet (the prompt still awaits its prefill)."""
-        prompt = len(self.prompt)
-        return all(len(s.tokens) == prompt for s in self.samples)
+        prompt, samples = len(self.prompt), self.samples
+        if len(samples) == 1:
+            return len(samples[0].tokens) == prompt
+        return all(len(s.tokens) == prompt for s in samples)
 
     def append_token(self, sample: Sample, token: int, stop_token_ids: Sequence[int]) -> None:
         """Append a chosen ``token`` to ``sample`` and decide whether it is done (a stop
@@ -828,6 +830,8 @@ class _Step:
 
 def _position(request: ServingRequest, sample: Sample) -> int:
     """Where ``sample`` (that very object) stands among ``request``'s samples."""
+    if request.samples[0] is sample:
+        return 0
     return next(k for k, s in enumerate(request.samples) if s is sample)
 
 
@@ -835,5 +839,9 @@ def _compute_sequences(request: ServingRequest) -> list[Sample]:
     """The sequences of a running or waiting request that have tokens to compute: the
     prompt (one sequence, shared by all samples later) of a fresh request, else every
     unfinished sample."""
-    samples = [request.samples[0]] if request.fresh else request.active
+    samples = request.samples
+    if len(samples) > 1:
+        samples = [samples[0]] if request.fresh else request.active
+    elif samples[0].finish_reason is not None and not request.fresh:
+        return []  # one sample, finished
     return [s for s in samples if s.computed < len(s.tokens)]
