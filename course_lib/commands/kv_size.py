@@ -20,6 +20,7 @@ from course_lib.kv_math import (
     GIB,
     HYBRID_MODELS,
     MODELS,
+    HybridModel,
     bytes_per_token,
     capacity,
     hybrid_capacity,
@@ -31,14 +32,20 @@ MIN_POOL_BLOCKS = 2
 paged simulator's minimum, so ``kv-size`` and ``simulate`` refuse the same budgets."""
 
 
+SHAPE_FLAGS: tuple[str, ...] = ("--layers", "--kv-heads", "--head-dim")
+"""The model-shape flags of :func:`add_model_arguments`; a ``--hybrid`` preset fixes them."""
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model-shape options shared by every command that sizes a KV cache."""
+    """Model-shape options shared by every command that sizes a KV cache. The shape flags
+    default to None (read as the source guide's model) so a command can tell one typed."""
     guide = MODELS["guide-8kv"]
     shape = integer(1, MAX_SHAPE)
-    parser.add_argument("--layers", type=shape, default=guide.layers, help="decoder layers")
-    parser.add_argument("--kv-heads", type=shape, default=guide.kv_heads,
-                        help="key/value heads")
-    parser.add_argument("--head-dim", type=shape, default=guide.head_dim, help="head size")
+    parser.add_argument("--layers", type=shape,
+                        help=f"decoder layers (default: {guide.layers}, the guide's model)")
+    parser.add_argument("--kv-heads", type=shape,
+                        help=f"key/value heads (default: {guide.kv_heads})")
+    parser.add_argument("--head-dim", type=shape, help=f"head size (default: {guide.head_dim})")
     parser.add_argument("--dtype", default="fp16", choices=tuple(DTYPE_BYTES),
                         help="cache dtype")
 
@@ -54,8 +61,33 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def per_token_bytes_from(args: argparse.Namespace) -> int:
-    """Bytes per token for the model shape given on the command line."""
-    return bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.dtype)
+    """Bytes per token for the model shape given on the command line (the source guide's
+    where a flag is not given)."""
+    guide = MODELS["guide-8kv"]
+    shape = [guide.layers if args.layers is None else args.layers,
+             guide.kv_heads if args.kv_heads is None else args.kv_heads,
+             guide.head_dim if args.head_dim is None else args.head_dim]
+    return bytes_per_token(*shape, args.dtype)
+
+
+def hybrid_model_from(args: argparse.Namespace) -> HybridModel:
+    """The ``--hybrid`` preset; refuse a model-shape flag typed beside it, naming it."""
+    for flag in SHAPE_FLAGS:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            refuse_together("--hybrid", flag, "the preset fixes the model's shape")
+    return HYBRID_MODELS[args.hybrid]
+
+
+def hybrid_budget_blocks(args: argparse.Namespace, model: HybridModel) -> int:
+    """Whole pages of ``model`` in ``--budget-gib``; refuse a budget that holds fewer than
+    :data:`MIN_POOL_BLOCKS`, naming the flags."""
+    block_bytes = model.block_bytes(args.block_size, args.dtype)
+    blocks = int(args.budget_gib * GIB) // block_bytes
+    if blocks < MIN_POOL_BLOCKS:
+        raise UsageError(f"--budget-gib {args.budget_gib:g} holds fewer than {MIN_POOL_BLOCKS} "
+                         f"blocks of {block_bytes:,} B ({args.hybrid}, --block-size "
+                         f"{args.block_size})")
+    return blocks
 
 
 def budget_blocks(args: argparse.Namespace, per_token: int) -> int:
@@ -110,18 +142,8 @@ def _render(result: Mapping[str, Any]) -> str:
 
 def run_hybrid(args: argparse.Namespace) -> int:
     """The capacity of a budget for a hybrid preset at requests of ``--max-len`` tokens."""
-    guide = MODELS["guide-8kv"]
-    for flag, value, default in (("--layers", args.layers, guide.layers),
-                                 ("--kv-heads", args.kv_heads, guide.kv_heads),
-                                 ("--head-dim", args.head_dim, guide.head_dim)):
-        if value != default:
-            refuse_together("--hybrid", flag, "the preset fixes the model's shape")
-    model = HYBRID_MODELS[args.hybrid]
-    block_bytes = model.block_bytes(args.block_size, args.dtype)
-    if int(args.budget_gib * GIB) // block_bytes < MIN_POOL_BLOCKS:
-        raise UsageError(f"--budget-gib {args.budget_gib:g} holds fewer than {MIN_POOL_BLOCKS} "
-                         f"blocks of {block_bytes:,} B ({args.hybrid}, --block-size "
-                         f"{args.block_size})")
+    model = hybrid_model_from(args)
+    hybrid_budget_blocks(args, model)
     cap = hybrid_capacity(model, args.budget_gib * GIB, args.max_len, args.block_size,
                           args.dtype)
     result = dict(cap.as_dict(), budget_bytes=int(args.budget_gib * GIB),
