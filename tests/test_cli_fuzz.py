@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from course_lib.__main__ import main
+from course_lib.kv_math import HYBRID_MODELS
 from course_lib.workload import Request, save_trace
 
 SECONDS_PER_CALL = 10.0
@@ -51,13 +52,14 @@ values = st.one_of(
 
 MODEL_FLAGS = ("--layers", "--kv-heads", "--head-dim", "--dtype")
 FLAGS: dict[str, tuple[str, ...]] = {
-    "kv-size": (*MODEL_FLAGS, "--budget-gib", "--block-size", "--max-len"),
+    "kv-size": (*MODEL_FLAGS, "--budget-gib", "--block-size", "--max-len", "--hybrid"),
     "cow-demo": ("--prompt-tokens", "--samples", "--new-tokens", "--block-size"),
     "prefix-demo": ("--prompt-tokens", "--requests", "--block-size"),
     "simulate": (*MODEL_FLAGS, "--seed", "--priority-levels", "--allocator", "--block-size",
                  "--max-len", "--budget-gib", "--fit", "--policy", "--preemption",
                  "--max-num-seqs", "--max-num-batched-tokens", "--swap-space-gib",
-                 "--cost-model", "--step-ms", "--price-per-hour", "--cpu-tier-gib"),
+                 "--cost-model", "--step-ms", "--price-per-hour", "--cpu-tier-gib",
+                 "--hybrid", "--requests"),
     "route": (*MODEL_FLAGS, "--seed", "--replicas", "--router", "--load-penalty",
               "--block-size", "--max-len", "--budget-gib", "--max-num-seqs", "--cpu-tier-gib",
               "--cost-model", "--p99-ttft-target"),
@@ -86,6 +88,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--policy": ("fcfs", "priority"), "--preemption": ("recompute", "swap"),
     "--cost-model": ("source", "roofline"), "--dtype": ("fp16", "fp8", "fp32"),
     "--router": ("round-robin", "least-loaded", "session-affinity", "prefix-aware"),
+    "--hybrid": tuple(HYBRID_MODELS),
 }
 """Valid choices, drawn often so that the flags behind them are reached too."""
 
