@@ -54,6 +54,10 @@ loaded 2-core machine, so 5-8 s at the limit (the slowest, ``--max-num-seqs 1``)
 serving core is eager, so a run costs far more than a paged one: the whole support-chat
 preset would take 20-40 s, and with prefix caching under memory pressure minutes."""
 
+SLOT = "one token of one KV-cache group's page"
+"""What a slot is in a ``--hybrid`` run (``kv_tokens``, the shares and ``utilization`` count
+slots across the groups; see ``course_lib.simulator.METRICS``)."""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``simulate`` parser."""
@@ -290,11 +294,6 @@ def run(args: argparse.Namespace) -> int:
     payload = {"workload": name, **shape, "step_ms": config.costs.step_seconds * 1000,
                "price_per_hour": config.costs.price_per_hour, **result.as_dict()}
     return emit(payload, args.json, _render)
-
-
-SLOT = "one token of one KV-cache group's page"
-"""What a slot is in a ``--hybrid`` run (``kv_tokens``, the shares and ``utilization`` count
-slots across the groups; see ``course_lib.simulator.METRICS``)."""
 
 
 def _check_hybrid_work(args: argparse.Namespace, trace: list[Request],
