@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from course_lib.kv_math import HybridModel, blocks_needed
 from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks, SequenceLookup, _count_and_ids
@@ -57,8 +58,14 @@ def first_needed_block(start: int, window: int | None, block_size: int) -> int:
 def group_hash(block_hash: BlockHash, group: int) -> BlockHash:
     """The key under which group ``group`` caches the block named ``block_hash``: two groups
     hold different K/V for the same tokens, so they never find each other's blocks."""
-    return hash_block_tokens(check_block_hash("block_hash", block_hash), (),
-                             (f"kv-cache group {check_int('group', group, 0)}",))
+    return _group_hash(check_block_hash("block_hash", block_hash), check_int("group", group, 0))
+
+
+@lru_cache(maxsize=1 << 16)
+def _group_hash(block_hash: BlockHash, group: int) -> BlockHash:
+    """``group_hash`` of checked arguments, remembered for the most recent 65,536 keys: a
+    waiting request is looked up in every group at every step it waits."""
+    return hash_block_tokens(block_hash, (), (f"kv-cache group {group}",))
 
 
 def serves_hit(cached: Sequence[bool], blocks: int, window: int | None,
@@ -91,7 +98,8 @@ def hit_blocks(cached: Sequence[Sequence[bool]], windows: Sequence[int | None],
 @dataclass
 class _HybridSequence:
     """One sequence: a block table per group (null where a window group let a block go),
-    its length, where its last chunk started, and (with token ids) its hash chain."""
+    its length, where its last chunk started, (with token ids) its hash chain, and how many
+    leading entries of each table are null already (so a decode does not walk them)."""
 
     tables: list[list[int]]
     length: int
@@ -99,6 +107,11 @@ class _HybridSequence:
     token_ids: list[int] | None
     hashes: list[BlockHash] = field(default_factory=list)
     salt: str | None = None
+    dropped: list[int] = field(init=False)  # per table: leading entries already null
+
+    def __post_init__(self) -> None:
+        self.dropped = [next((i for i, b in enumerate(t) if b != NULL_BLOCK), len(t))
+                        for t in self.tables]
 
 
 class HybridKVManager(SequenceLookup):
@@ -215,8 +228,8 @@ class HybridKVManager(SequenceLookup):
         ``ref`` the counts so far (updated in ``refs``)."""
         check_int("end", end, seq.length + 1)
         net = 0
-        for window, table in zip(self.windows, seq.tables, strict=True):
-            for block in table[:first_needed_block(seq.length, window, self.block_size)]:
+        for window, table, dropped in zip(self.windows, seq.tables, seq.dropped, strict=True):
+            for block in table[dropped:first_needed_block(seq.length, window, self.block_size)]:
                 if block != NULL_BLOCK:
                     refs[block] = ref(block) - 1
                     net -= refs[block] == 0
@@ -235,22 +248,35 @@ class HybridKVManager(SequenceLookup):
         tables: no hit."""
         if not self.caching or not hashes:
             return tuple(() for _ in self.windows)
+        hashes = self._full_groups_prefix(check_block_hashes("hashes", hashes))
         found = [self._cached_blocks(hashes, g) for g in range(len(self.windows))]
         cached = [[b is not None for b in blocks_of] for blocks_of in found]
         blocks = hit_blocks(cached, self.windows, self.block_size,
                             len(hashes) * self.block_size + 1)
+        start = blocks * self.block_size
         return tuple(
-            tuple(NULL_BLOCK if i < first_needed_block(blocks * self.block_size, window,
-                                                       self.block_size) else blocks_of[i]
-                  for i in range(blocks))
+            (NULL_BLOCK,) * (first := first_needed_block(start, window, self.block_size))
+            + tuple(blocks_of[first:blocks])
             for window, blocks_of in zip(self.windows, found, strict=True))
 
-    def _cached_blocks(self, hashes: Sequence[BlockHash], group: int) -> list[int | None]:
-        """For each hash, a block group ``group`` holds under it, or None."""
+    def _full_groups_prefix(self, hashes: list[BlockHash]) -> list[BlockHash]:
+        """The leading ``hashes`` every full-attention group holds: no hit reaches past a
+        full group's first miss, so the window groups need not be asked about the rest (a
+        request waiting for memory is asked about at every step it waits)."""
         pool = self.pool
         assert isinstance(pool, PrefixCachingBlockPool)
-        return [next(iter(pool.longest_cached_prefix([group_hash(h, group)])), None)
-                for h in hashes]
+        bound = len(hashes)
+        for group, window in enumerate(self.windows):
+            if window is None:
+                bound = next((i for i, h in enumerate(hashes[:bound])
+                              if pool.cached_block(_group_hash(h, group)) is None), bound)
+        return hashes[:bound]
+
+    def _cached_blocks(self, hashes: Sequence[BlockHash], group: int) -> list[int | None]:
+        """For each (checked) hash, a block group ``group`` holds under it, or None."""
+        pool = self.pool
+        assert isinstance(pool, PrefixCachingBlockPool)
+        return [pool.cached_block(_group_hash(h, group)) for h in hashes]
 
     # --- operations -------------------------------------------------------------------
 
@@ -379,11 +405,13 @@ class HybridKVManager(SequenceLookup):
 
     def _free_outside_window(self, seq: _HybridSequence) -> None:
         """Hand back each window group's blocks before the one the next chunk first reads."""
-        for window, table in zip(self.windows, seq.tables, strict=True):
-            for index in range(first_needed_block(seq.length, window, self.block_size)):
+        for group, (window, table) in enumerate(zip(self.windows, seq.tables, strict=True)):
+            first = first_needed_block(seq.length, window, self.block_size)
+            for index in range(seq.dropped[group], first):
                 if table[index] != NULL_BLOCK:
                     self.pool.free(table[index])
                     table[index] = NULL_BLOCK
+            seq.dropped[group] = max(seq.dropped[group], first)
 
     def _cache_full_blocks(self, seq: _HybridSequence, done: int) -> None:
         """Hash the blocks that filled since block ``done`` and cache them in every group

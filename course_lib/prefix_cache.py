@@ -166,6 +166,13 @@ class PrefixCachingBlockPool(BlockPool):
         self._check_id(block_id)
         return self._hash_of.get(block_id)
 
+    def cached_block(self, block_hash: BlockHash) -> int | None:
+        """The oldest block that holds ``block_hash``, or None."""
+        if type(block_hash) is not bytes or len(block_hash) != HASH_BYTES:
+            check_block_hash("block_hash", block_hash)
+        holders = self._blocks_of.get(block_hash)
+        return next(iter(holders)) if holders else None
+
     def longest_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
         """Blocks for the leading hashes found in the cache, stopping at the first miss."""
         found = []

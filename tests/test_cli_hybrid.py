@@ -166,7 +166,7 @@ def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
      (["--budget-gib", "1000", "--block-size", "1"], ("--budget-gib", "--block-size",
                                                        "more than the")),
      ([], ("work units", "3,000 requests", "--requests")),
-     (["--requests", "100", "--prefix-caching"], ("--prefix-caching", "--requests")),
+     (["--requests", "200", "--prefix-caching"], ("--prefix-caching", "--requests")),
      (["--requests", "3001"], ("--requests 3,001", "3,000 requests")),
      (["--max-num-batched-tokens", "100"], ("--max-num-batched-tokens", "--max-len")),
      (["--dtype", "int4"], ("--dtype", "int4"))],
