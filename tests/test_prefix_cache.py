@@ -355,3 +355,15 @@ def test_the_free_queue_matches_a_plain_list_model(ops: list[tuple[str, int, boo
             pool.touch([block])
         assert pool.free_blocks() == tuple(queue)
         assert [pool.block_hash(b) for b in range(1, 7)] == [hashes.get(b) for b in range(1, 7)]
+
+
+def test_cached_block_names_the_oldest_holder_of_a_hash_or_none() -> None:
+    pool = PrefixCachingBlockPool(6, 4)
+    first, second = pool.allocate(), pool.allocate()
+    digest = hash_block_tokens(None, [1, 2, 3, 4])
+    assert pool.cached_block(digest) is None
+    pool.cache_block(second, digest)
+    pool.cache_block(first, digest)  # two requests computed the same block
+    assert pool.cached_block(digest) == second == pool.longest_cached_prefix([digest])[0]
+    with pytest.raises(ValueError, match="block_hash must be a 32-byte block hash"):
+        pool.cached_block(b"short")
