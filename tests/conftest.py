@@ -25,6 +25,12 @@ def _collect_garbage_after_each_file() -> Iterator[None]:
     (``--dist loadfile``) any file may follow any other in a worker, and a file that turns
     warnings into errors (``filterwarnings("error")``) would fail on another file's
     leftovers; collected here, they warn under the file that made them.
+
+    What survives is then frozen (``gc.freeze``): the modules, caches and fixtures a worker
+    keeps all session. Each later collection, this one's and the interpreter's own, scans only
+    what was made since, not the half million objects that torch and the rest brought: a
+    whole collection took about 0.7 s after every file on a busy machine.
     """
     yield
     gc.collect()
+    gc.freeze()
