@@ -398,7 +398,7 @@ def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
             return -(-tokens // block_size)
         """, 'check("01.blocks_needed", blocks_needed)', "import time\ntime.sleep(1000)"))
     start = time.monotonic()
-    code = main(["grade", str(subs), "--out", str(out), "--timeout", "5", "--jobs", "1",
+    code = main(["grade", str(subs), "--out", str(out), "--timeout", "5", "--jobs", "2",
                  "--memory-mb", "1024", "--chapters", "01"])
     elapsed = time.monotonic() - start
     assert code == 0 and elapsed < 20 * (len(attacks) + 2)
