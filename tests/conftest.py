@@ -34,3 +34,9 @@ def _collect_garbage_after_each_file() -> Iterator[None]:
     yield
     gc.collect()
     gc.freeze()
+
+
+def pytest_sessionfinish() -> None:
+    """Unfreeze (see above) so that the interpreter's last collection at exit frees it all:
+    frozen, Triton's nanobind objects would be reported as leaked."""
+    gc.unfreeze()
