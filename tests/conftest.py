@@ -11,7 +11,7 @@ import pytest
 # One CPU thread per process for torch (and numpy's BLAS), set before any test module imports
 # them and inherited by every subprocess and notebook kernel the tests start. pytest-xdist
 # already runs one worker per core; a second thread each only contends, and on a busy 2-core
-# machine torch's waiting threads made a tiny model's forward pass some 50x slower (chapter
+# machine torch's waiting threads made a tiny model's forward passes up to 75x slower (chapter
 # 07's grading cases took 6.9 s with two threads and 0.09 s with one). A value already set
 # in the environment wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
