@@ -3,8 +3,8 @@
 Headless notebook runs cannot tell whether a widget renders. Each test starts its own
 JupyterLab over a copy of the lectures and opens lecture notebooks in Debian's Chromium
 driven by Playwright: either runs one, moves a slider, and checks that what is drawn
-changes, or opens every lecture without running it (not trusted, as a learner first sees
-it) and counts the pictures it shows against the pictures it stores.
+changes, or opens every lecture in turn in one page without running it (not trusted, as a
+learner first sees it) and counts the pictures it shows against the pictures it stores.
 
 Every test is sealed in its ``tmp_path``: HOME, the Jupyter config/data/runtime dirs,
 JupyterLab's settings and workspaces, IPython's profile, the XDG dirs and Chromium's profile
@@ -231,18 +231,15 @@ def on_doc(body: str) -> str:
 
 
 @contextmanager
-def notebook_page(lab: Lab, notebook: str, *, run: bool = True,
-                  workspace: str | None = None) -> Iterator[tuple[object, str]]:
-    """Open `notebook` in a fresh workspace of a fresh Chromium profile and, if `run`, run
+def notebook_page(lab: Lab, notebook: str, *, run: bool = True) -> Iterator[tuple[object, str]]:
+    """Open `notebook` in this test's workspace of a fresh Chromium profile and, if `run`, run
     every cell.
 
-    Waits on that very document (current, kernel idle), not on whichever widget is current,
-    and yields the page with a CSS selector scoped to the notebook's node.
+    Yields the page with a CSS selector scoped to the notebook's node (see `wait_opened`).
     """
     from playwright.sync_api import sync_playwright
 
     path = f"notebooks/{notebook}"
-    workspace = workspace or lab.workspace
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(lab.tmp / "chromium-profile"), executable_path=str(CHROMIUM),
@@ -250,22 +247,30 @@ def notebook_page(lab: Lab, notebook: str, *, run: bool = True,
         )
         try:
             page = context.new_page()
-            page.goto(f"{lab.url}/lab/workspaces/{workspace}/tree/{path}?reset&token={TOKEN}")
-            page.wait_for_function(on_doc(
-                "const k = doc && doc.sessionContext.session && doc.sessionContext.session.kernel;"
-                " return !!doc && doc === app.shell.currentWidget && doc.context.isReady"
-                " && !!k && k.status === 'idle';"), arg=path, timeout=START_S * 1000)
-            assert_sealed_config(page, lab, workspace)
-            widget_id, kernel_id = page.evaluate(
-                on_doc("return [doc.id, doc.sessionContext.session.kernel.id];"), path)
-            lab.kernel_ids.append(kernel_id)
+            page.goto(f"{lab.url}/lab/workspaces/{lab.workspace}/tree/{path}?reset&token={TOKEN}")
+            doc = wait_opened(page, lab, path)
             if run:
                 run_all(page, path)
-            yield page, f'[id="{widget_id}"]'
-            if not run:  # nothing ran in it: free its memory for the next lecture
-                page.evaluate(on_doc("return doc.sessionContext.shutdown();"), path)
+            yield page, doc
         finally:
             context.close()
+
+
+def wait_opened(page, lab: Lab, path: str) -> str:
+    """Wait until the notebook at `path` is the current document, loaded, its kernel idle;
+    check the server's config is sealed; return a CSS selector of the notebook's node.
+
+    Waits on that very document, not on whichever widget is current.
+    """
+    page.wait_for_function(on_doc(
+        "const k = doc && doc.sessionContext.session && doc.sessionContext.session.kernel;"
+        " return !!doc && doc === app.shell.currentWidget && doc.context.isReady"
+        " && !!k && k.status === 'idle';"), arg=path, timeout=START_S * 1000)
+    assert_sealed_config(page, lab, lab.workspace)
+    widget_id, kernel_id = page.evaluate(
+        on_doc("return [doc.id, doc.sessionContext.session.kernel.id];"), path)
+    lab.kernel_ids.append(kernel_id)
+    return f'[id="{widget_id}"]'
 
 
 def run_all(page, path: str) -> None:
@@ -330,17 +335,26 @@ SHOWN_PICTURES = (
 
 
 def test_lectures_show_their_pictures_without_running(lab: Lab) -> None:
-    """Opened, not run and not trusted (no SVG rendered): every stored picture shows."""
+    """Opened, not run and not trusted (no SVG rendered): every stored picture shows.
+
+    One page opens the lectures one after another, as a learner opens them from the file
+    browser: the first from its URL, each next with JupyterLab's open command once the one
+    before is closed and its kernel shut down (each lecture's own kernel starts, as a
+    learner's would; the page and browser start once, not ten times).
+    """
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     shown: dict[str, tuple[int, int]] = {}
-    for lecture in LECTURES:
-        stored = stored_pictures(lecture)
-        workspace = f"{lab.workspace}-{lecture.stem[:2]}"
-        with notebook_page(lab, lecture.name, run=False, workspace=workspace) as (page, doc):
+    with notebook_page(lab, LECTURES[0].name, run=False) as (page, _):
+        for lecture in LECTURES:
+            path, stored = f"notebooks/{lecture.name}", stored_pictures(lecture)
+            if lecture != LECTURES[0]:
+                page.evaluate("path => { window.jupyterapp.commands.execute("
+                              "'docmanager:open', {path, factory: 'Notebook'}); }", path)
+            doc = wait_opened(page, lab, path)
             trusted = page.evaluate(on_doc(
                 "return doc.content.widgets.filter(c => c.model.type === 'code')"
-                ".some(c => c.model.trusted);"), f"notebooks/{lecture.name}")
+                ".some(c => c.model.trusted);"), path)
             assert not trusted, f"{lecture.name} opened trusted: the test would prove nothing"
             with suppress(PlaywrightTimeout):  # a shortfall is reported below, with counts
                 page.wait_for_function(f"([doc, n]) => ({SHOWN_PICTURES})(doc) >= n",
@@ -350,6 +364,10 @@ def test_lectures_show_their_pictures_without_running(lab: Lab) -> None:
                 picture = page.locator(f"{doc} .jp-OutputArea-output img").first
                 picture.scroll_into_view_if_needed()
                 picture.screenshot(path=str(lab.shots / f"unrun-{lecture.stem[:2]}.png"))
+            # nothing ran in it: free its kernel and page memory for the next lecture
+            page.evaluate(on_doc("return doc.sessionContext.shutdown().then(() => doc.dispose());"),
+                          path)
+            page.wait_for_function("doc => !document.querySelector(doc)", arg=doc)
     wrong = {name: f"shows {got} of {want}" for name, (got, want) in shown.items() if got != want}
     assert not wrong, wrong
     assert sum(want for _, want in shown.values()) > 0

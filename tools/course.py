@@ -66,9 +66,11 @@ def test() -> None:
     _run(BIN / "ruff", "check", ".")
     _run(PYTHON, "tools/notebooks.py", "check")
     # One worker per core; --dist loadfile keeps a notebook's cells (and a test file's
-    # module fixtures) in one worker.
+    # module fixtures) in one worker. Files go out in the order given: xdist's default puts
+    # the files with the fewest tests (the browser's and the GPU check's, the longest) last,
+    # leaving one worker alone for the run's last half minute.
     _run(PYTHON, "-m", "pytest", "tests", "notebooks", "solutions", "-n", "auto",
-         "--dist", "loadfile", "--durations", "15",
+         "--dist", "loadfile", "--no-loadscope-reorder", "--durations", "15",
          "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/sanitize.cfg")
 
 
