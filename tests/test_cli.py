@@ -200,3 +200,14 @@ def test_grade_refuses_a_missing_folder_before_any_work(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     err = refusal(capsys, "grade", str(tmp_path / "missing"), "--out", str(tmp_path / "g.csv"))
     assert "does not exist" in err and not (tmp_path / "g.csv").exists()
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """``python -m course_lib simulate | head -1``: the pipe closes before the command
+    prints; it stops quietly with the shell's broken-pipe status (128 + SIGPIPE)."""
+    process = subprocess.Popen([sys.executable, "-m", "course_lib", "kv-size", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader is gone before anything is written
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, err
+    assert err == ""
