@@ -177,10 +177,9 @@ class BlockPool:
 
     def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
         """``block_ids`` as a list, if each is held at least as often as it is named."""
-        ids, ref, size = check_list("block_ids", block_ids), self._ref, self.num_blocks
-        for block_id in ids:  # _check_held, inlined: a finished request frees all its blocks
-            if type(block_id) is not int or not 0 < block_id < size or not ref[block_id]:
-                self._reject(block_id)
+        ids = check_list("block_ids", block_ids)
+        for block_id in ids:
+            self._check_held(block_id)
         if len(set(ids)) != len(ids):
             for block_id, count in Counter(ids).items():
                 if count > self._ref[block_id]:

@@ -40,12 +40,13 @@ ROOT_HASH: BlockHash = hashlib.sha256(b"course_lib prefix cache root").digest()
 """The parent hash of a sequence's first block (fixed, so runs are reproducible)."""
 
 HASH_BYTES = len(ROOT_HASH)
+"""Bytes in a block hash (SHA-256)."""
 
 
 def check_block_hash(name: str, value: object) -> BlockHash:
     """Return ``value`` if it is a 32-byte block hash, else raise a ValueError naming it."""
-    if not isinstance(value, bytes) or len(value) != len(ROOT_HASH):
-        raise ValueError(f"{name} must be a {len(ROOT_HASH)}-byte block hash, got {value!r}")
+    if not isinstance(value, bytes) or len(value) != HASH_BYTES:
+        raise ValueError(f"{name} must be a {HASH_BYTES}-byte block hash, got {value!r}")
     return value
 
 
@@ -149,8 +150,7 @@ class PrefixCachingBlockPool(BlockPool):
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that held, full block ``block_id`` holds ``block_hash``."""
         self._check_held(block_id)
-        if type(block_hash) is not bytes or len(block_hash) != HASH_BYTES:
-            check_block_hash("block_hash", block_hash)
+        check_block_hash("block_hash", block_hash)
         current = self._hash_of.get(block_id)
         if current is not None and current != block_hash:
             raise ValueError(f"block {block_id} already holds a different hash")
@@ -168,8 +168,10 @@ class PrefixCachingBlockPool(BlockPool):
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
         """The oldest block that holds ``block_hash``, or None."""
-        if type(block_hash) is not bytes or len(block_hash) != HASH_BYTES:
-            check_block_hash("block_hash", block_hash)
+        return self._oldest_holder(check_block_hash("block_hash", block_hash))
+
+    def _oldest_holder(self, block_hash: BlockHash) -> int | None:
+        """``cached_block`` of a checked hash."""
         holders = self._blocks_of.get(block_hash)
         return next(iter(holders)) if holders else None
 
@@ -177,10 +179,10 @@ class PrefixCachingBlockPool(BlockPool):
         """Blocks for the leading hashes found in the cache, stopping at the first miss."""
         found = []
         for block_hash in check_block_hashes("block", hashes):
-            holders = self._blocks_of.get(block_hash)
-            if not holders:
+            block = self._oldest_holder(block_hash)
+            if block is None:
                 break
-            found.append(next(iter(holders)))
+            found.append(block)
         return found
 
     def touch(self, block_ids: Iterable[int]) -> None:

@@ -259,11 +259,9 @@ class Scheduler:
     def in_claim_order(self, indices: Iterable[int]) -> list[int]:
         """Running requests ``indices`` sorted as ``claim_order`` would have them."""
         chosen = list(indices)
-        if len(chosen) > 1 or (chosen and chosen[0] not in self.running):
-            if not self.running.keys() >= set(chosen):
-                raise ValueError(f"not all of {chosen!r} are running")
-            chosen.sort(key=self._claim_key)
-        return chosen
+        if not self.running.keys() >= set(chosen):
+            raise ValueError(f"not all of {chosen!r} are running")
+        return sorted(chosen, key=self._claim_key)
 
     def _claim_key(self, index: int) -> tuple[int, ...]:
         """The claim order's key, for a running request: its admission under ``"fcfs"``,

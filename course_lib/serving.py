@@ -103,10 +103,8 @@ class ServingRequest:
     @property
     def fresh(self) -> bool:
         """Whether no token has been generated yet (the prompt still awaits its prefill)."""
-        prompt, samples = len(self.prompt), self.samples
-        if len(samples) == 1:
-            return len(samples[0].tokens) == prompt
-        return all(len(s.tokens) == prompt for s in samples)
+        prompt = len(self.prompt)
+        return all(len(s.tokens) == prompt for s in self.samples)
 
     def append_token(self, sample: Sample, token: int, stop_token_ids: Sequence[int]) -> None:
         """Append a chosen ``token`` to ``sample`` and decide whether it is done (a stop
@@ -391,13 +389,9 @@ class ServingCore:
                 plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
             if not plan:
                 continue
-            if self._blocks_for(plan) > self.pool.num_free:
-                victims = scheduler.preempt_until(
-                    index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free,
-                    lambda victim: self._preempt(victim, step))
-                step.preempted += victims
-                if index in victims:
-                    continue
+            if not self._make_room(
+                    index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free, step):
+                continue
             self._claim(plan, step)
             if self.lazy:
                 for chunk in plan:
@@ -414,30 +408,33 @@ class ServingCore:
         entries = self._due.get(self.clock)
         if not entries:
             return
-        decoding, held, clock = self._decoding, step.held, self.clock
-        due = {}
-        for seq_id, ticket in entries:
-            entry = decoding.get(seq_id)
-            if entry is not None and entry.ticket == ticket and seq_id not in held:
-                due[entry.request] = entry
-        scheduler, pool, requests, buckets = self.scheduler, self.pool, self.requests, self._due
+        due = {self._decoding[s].request: self._decoding[s]
+               for s in self._valid(entries) if s not in step.held}
+        scheduler, pool, clock, buckets = self.scheduler, self.pool, self.clock, self._due
         size = pool.block_size
         for index in scheduler.in_claim_order(due):
             if index not in scheduler.running:
                 continue  # preempted earlier in this step
-            entry, request = due[index], requests[index]
+            entry, request = due[index], self.requests[index]
             sample = request.samples[0]
             self._catch_up(sample.seq_id, clock)
-            if not pool.num_free:
-                victims = scheduler.preempt_until(
-                    index, lambda: pool.num_free > 0, lambda victim: self._preempt(victim, step))
-                step.preempted += victims
-                if index in victims:
-                    continue
+            if not self._make_room(index, lambda: pool.num_free > 0, step):
+                continue
             start = sample.computed  # a multiple of size: the token starts a new block
             self._append(sample, start + 1)
             step.chunks.append(Chunk(request, sample, start, 1, None, True))
             buckets.setdefault(clock + size, []).append((sample.seq_id, entry.ticket))
+
+    def _make_room(self, index: int, fits: Callable[[], bool], step: _Step) -> bool:
+        """Preempt the scheduler's victims until running request ``index``'s claim
+        ``fits()`` (``Scheduler.preempt_until``), noting them in the step; False if
+        ``index`` was itself preempted."""
+        if fits():
+            return True
+        victims = self.scheduler.preempt_until(index, fits,
+                                               lambda victim: self._preempt(victim, step))
+        step.preempted += victims
+        return index not in victims
 
     def _decodes(self, step: _Step) -> int:
         """Decodes this step computes: the decoding samples, less those held back (a held
@@ -450,12 +447,10 @@ class ServingCore:
         """Lazy mode: this step's decodes that claim memory, by request, each caught up to
         now."""
         due: dict[int, list[str]] = {}
-        decoding, clock = self._decoding, self.clock
-        for seq_id, ticket in self._due.get(clock, ()):
-            entry = decoding.get(seq_id)
-            if entry is not None and entry.ticket == ticket and seq_id not in held:
-                self._catch_up(seq_id, clock)  # its table catches up as it claims
-                due.setdefault(entry.request, []).append(seq_id)
+        for seq_id in self._valid(self._due.get(self.clock, ())):
+            if seq_id not in held:
+                self._catch_up(seq_id, self.clock)  # its table catches up as it claims
+                due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
         return due
 
     def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
@@ -830,8 +825,6 @@ class _Step:
 
 def _position(request: ServingRequest, sample: Sample) -> int:
     """Where ``sample`` (that very object) stands among ``request``'s samples."""
-    if request.samples[0] is sample:
-        return 0
     return next(k for k, s in enumerate(request.samples) if s is sample)
 
 
@@ -839,9 +832,5 @@ def _compute_sequences(request: ServingRequest) -> list[Sample]:
     """The sequences of a running or waiting request that have tokens to compute: the
     prompt (one sequence, shared by all samples later) of a fresh request, else every
     unfinished sample."""
-    samples = request.samples
-    if len(samples) > 1:
-        samples = [samples[0]] if request.fresh else request.active
-    elif samples[0].finish_reason is not None and not request.fresh:
-        return []  # one sample, finished
+    samples = [request.samples[0]] if request.fresh else request.active
     return [s for s in samples if s.computed < len(s.tokens)]
