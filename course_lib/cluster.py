@@ -38,7 +38,8 @@ from course_lib.router import (
     RoutePolicy,
     prefix_aware_choice,
 )
-from course_lib.serving import Chunk, Sample, Schedule, ServingCore, ServingRequest
+from course_lib.lazy_serving import LazyServingCore
+from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
 from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
 from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats
 from course_lib.validate import check_int, check_non_negative_number, describe
@@ -207,8 +208,7 @@ class Replica:
         else:
             self.pool = BlockPool(server.num_blocks, server.block_size,
                                   free_order=server.free_order)
-        self.core = ServingCore(server.scheduler, self.pool, chunked_prefill=False, lazy=True,
-                                closed_loop=True)
+        self.core = LazyServingCore(server.scheduler, self.pool, closed_loop=True)
         self.index: list[int] = []  # core request id -> trace index
         self.tally: dict[int, _Tally] = {}
         self.step_seconds: list[float] = []
@@ -262,11 +262,10 @@ class Replica:
         self.step_seconds.append(self.server.costs.step_time(
             self.sum_len * self.server.bytes_per_token, prefilled, *swapped))
         finished = []
-        for request, done in core.retire(core.advance(schedule)):
-            if done:
-                i = self.index[request.request_id]
-                self.base -= self.tally[i].len0 - self.tally[i].t0
-                finished.append(i)
+        for request in core.retire(core.advance(schedule)):
+            i = self.index[request.request_id]
+            self.base -= self.tally[i].len0 - self.tally[i].t0
+            finished.append(i)
         self.running.append(len(core.scheduler.running))
         return finished
 

@@ -34,7 +34,7 @@ class HybridServingCore(ServingCore):
         if isinstance(config, SchedulerConfig) and config.preemption != "recompute":
             raise ValueError(f"preemption {config.preemption!r} is not modelled for hybrid "
                              f"models; use 'recompute'")
-        super().__init__(config, pool, chunked_prefill=chunked_prefill, lazy=False)
+        super().__init__(config, pool, chunked_prefill=chunked_prefill)
         self.manager = HybridKVManager(pool, windows)
 
     def _cache_hit(self, request: ServingRequest, sample: Sample) -> tuple[int, ...]:

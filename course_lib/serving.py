@@ -2,15 +2,14 @@
 request computes in a step, over a paged KV-cache manager. It never runs a model.
 
 vLLM v1 splits its engine the same way: a scheduler and a KV-cache manager that do not care
-whether a model runs, and a model runner. :class:`ServingCore` is the first half, and both
-the engine (chapter 07, ``course_lib.engine``) and the simulator (chapters 02-05,
-``course_lib.simulator``) drive it. Each step :meth:`~ServingCore.schedule` hands out the
-step's token budget as *chunks* (a sequence's next tokens: one for a decode, part or all of
-a prompt for a prefill), claiming their slots in the block tables and preempting when the
-pool runs out; the caller computes the chunks (or not: a pool without K/V tensors works
-too), then :meth:`~ServingCore.advance` records them and asks the caller to ``draw`` the
-next token of every sample whose tokens are all computed, and :meth:`~ServingCore.retire`
-frees the finished ones.
+whether a model runs, and a model runner. :class:`ServingCore` is the first half, and
+chapter 07's engine (``course_lib.engine``) drives it. Each step
+:meth:`~ServingCore.schedule` hands out the step's token budget as *chunks* (a sequence's
+next tokens: one for a decode, part or all of a prompt for a prefill), claiming their slots
+in the block tables and preempting when the pool runs out; the caller computes the chunks
+(or not: a pool without K/V tensors works too), then :meth:`~ServingCore.advance` records
+them and asks the caller to ``draw`` the next token of every sample whose tokens are all
+computed, and :meth:`~ServingCore.retire` frees the finished ones.
 
 Scheduling: every decoding sample decodes one token (decodes first, as vLLM schedules them
 under chunked prefill); running requests that need memory claim it most protected first
@@ -27,19 +26,11 @@ back with its K/V instead of recomputing them (for pools without K/V and request
 sample, as the simulator's are: the engine copies no K/V, like vLLM v1, which dropped
 swapping).
 
-``lazy=True`` is the simulator's mode. A decode that needs no new block changes nothing in
-the pool, so the core does not touch it: it keeps, per decoding sample, the step at which
-its ``computed`` and ``tokens`` were last exact, and catches them (and the manager's block
-table, which hashes the blocks that filled) up only when something happens to the sample:
-it claims a block, is preempted, or reaches ``max_tokens``. A step then costs work only for
-its events, which is how 3,000 chats of a million decode tokens run in about a second. In
-lazy mode a sample's new tokens are its positions (the caller draws nothing), and only the
-prefill chunks and the decodes that claim a block are listed; the eager mode (the engine's)
-lists every chunk and
-calls ``draw`` for every token. A lazy decode's full block gets its hash only when the core
-next touches it, which no one can notice if no one else could look for it: with prefix
-caching, a lazy core takes one sample per request and a cache salt of its own (as the
-simulator's requests are), and refuses anything else.
+The simulator (chapters 02-05) and the cluster (chapter 09) schedule with the same rules
+through :class:`~course_lib.lazy_serving.LazyServingCore`, which touches a decoding request
+only when it needs a block. What the two cores share lives in :class:`BaseServingCore`:
+requests in and out, what a prompt's admission costs (its cache and tier hits, its blocks),
+and preemption.
 """
 
 from __future__ import annotations
@@ -138,9 +129,10 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Schedule:
-    """What one step computes: the chunks (in lazy mode only prefill chunks and the decodes
-    that claim a block), every token it computes, the requests admitted and preempted, and
-    the blocks moved to and from swap space by request."""
+    """What one step computes: the chunks (a lazy core, ``course_lib.lazy_serving``, lists
+    only prefills and the decodes that claim a block), every token it computes, the
+    requests admitted and preempted, and the blocks moved to and from swap space by
+    request."""
 
     chunks: tuple[Chunk, ...]
     num_tokens: int
@@ -152,47 +144,35 @@ class Schedule:
 
 @dataclass(slots=True)
 class _Decoding:
-    """A decoding sample: its request, its place among the request's samples, the step at
-    whose start its ``computed`` and ``tokens`` were last exact, and the ticket its entries
-    in the event buckets carry (a new ticket voids the old entries)."""
+    """A decoding sample of the eager core: its request and its place among the request's
+    samples."""
 
     request: int
     position: int
-    since: int
-    ticket: int
 
 
-class ServingCore:
-    """The waiting and running requests, their block tables in ``pool`` and their progress.
+class BaseServingCore:
+    """What both serving cores share: the waiting and running requests, their block tables
+    in ``pool``, requests in and out, what a prompt's admission costs, and preemption.
 
     ``pool`` is a ``BlockPool`` (a ``PrefixCachingBlockPool`` turns prefix caching on), with
-    or without K/V tensors. ``chunked_prefill`` lets a prompt span several steps; ``lazy``
-    is the simulator's mode (see the module). ``closed_loop`` lets a lazy core with prefix
-    caching take requests that share blocks (any salt, one sample each): the caller
-    promises that no prompt continues a sequence still decoding, as in a conversation
-    whose next turn arrives after the previous one finished (``course_lib.cluster``), so no
-    one can look for a block a lazy decode has not hashed yet. A pool with a CPU tier
-    (``course_lib.tier``) extends a new sequence's cache hit with the blocks the tier
-    holds, copied back when the sequence is added.
+    or without K/V tensors. ``chunked_prefill`` lets a prompt span several steps. A pool
+    with a CPU tier (``course_lib.tier``) extends a new sequence's cache hit with the blocks
+    the tier holds, copied back when the sequence is added.
     """
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
-                 chunked_prefill: bool = True, lazy: bool = False,
-                 closed_loop: bool = False) -> None:
+                 chunked_prefill: bool) -> None:
         if not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {config!r}")
         if not isinstance(pool, BlockPool):
             raise ValueError(f"pool must be a BlockPool, got {pool!r}")
-        for name, value in (("chunked_prefill", chunked_prefill), ("lazy", lazy),
-                            ("closed_loop", closed_loop)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool, got {value!r}")
+        if not isinstance(chunked_prefill, bool):
+            raise ValueError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
         if config.preemption == "swap" and pool.owns_kv:
             raise ValueError("preemption='swap' is modelled only for pools without K/V (the "
                              "simulator's); a pool with K/V preempts by recompute")
-        self.config, self.pool = config, pool
-        self.chunked_prefill, self.lazy = chunked_prefill, lazy
-        self.closed_loop = closed_loop
+        self.config, self.pool, self.chunked_prefill = config, pool, chunked_prefill
         self.manager: PagedKVManager = kv_manager(pool)
         self._caching = isinstance(self.manager, PrefixCachingKVManager)
         self.scheduler = Scheduler(config, [])
@@ -203,14 +183,7 @@ class ServingCore:
         self.unfinished: dict[int, None] = {}
         self.clock = 0  # steps scheduled so far
         self._owner: dict[str, int] = {}  # every sample's request
-        self._salts: set[str] = set()  # lazy mode with prefix caching: every salt seen
-        self._one_sample = True  # every request added so far has one sample
-        self._decoding: dict[str, _Decoding] = {}
-        self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
         self._chains: dict[str, list[BlockHash]] = {}  # prefix caching: hashes per sample
-        self._due: dict[int, list[tuple[str, int]]] = {}  # step -> decodes that claim then
-        self._ends: dict[int, list[tuple[str, int]]] = {}  # lazy: step -> last decodes
-        self._tickets = 0
 
     # --- requests in and out ---------------------------------------------------------------
 
@@ -242,32 +215,16 @@ class ServingCore:
                                    request.max_tokens, arrival=request.request_id,
                                    priority=request.priority))
         self.requests.append(request)
-        self._one_sample &= len(request.samples) == 1
         self.unfinished[request.request_id] = None
         for sample in request.samples:
             self._owner[sample.seq_id] = request.request_id
 
     def _check_supported(self, request: ServingRequest) -> None:
-        """Refuse what the core does not model: swapping a request of several samples, and,
-        in lazy mode with prefix caching, a request that could share a block with another
-        sequence (a second sample, or a cache salt missing or not its own): a lazy decode's
-        block gets its hash only when the core next touches it, which nobody can notice
-        only if nobody else could look for that block."""
+        """Refuse what the core does not model: swapping a request of several samples."""
         if self.swap is not None and len(request.samples) != 1:
             raise ValueError(f"request {request.request_id}: preemption='swap' is modelled for "
                              f"requests of one sample (the simulator's); got "
                              f"{len(request.samples)} samples")
-        if not self.lazy or not isinstance(self.manager, PrefixCachingKVManager):
-            return
-        if self.closed_loop and len(request.samples) == 1:
-            return  # the caller's promise: no prompt continues a sequence still decoding
-        salt = request.cache_salt
-        if len(request.samples) != 1 or salt is None or salt in self._salts:
-            raise ValueError(f"request {request.request_id}: a lazy core with prefix caching "
-                             f"takes one sample per request and a cache salt of its own "
-                             f"(the simulator's requests share nothing); got "
-                             f"{len(request.samples)} samples, cache_salt={salt!r}")
-        self._salts.add(salt)
 
     def abort(self, request_id: int) -> ServingRequest:
         """Stop an unfinished request: free its blocks, end its samples with ``"abort"``.
@@ -290,228 +247,28 @@ class ServingCore:
 
     def _forget(self, request: ServingRequest) -> None:
         """Drop what the core kept for a request that has ended."""
-        self._prefilling.pop(request.request_id, None)
         del self.unfinished[request.request_id]
         for sample in request.samples:
             self._chains.pop(sample.seq_id, None)
 
-    # --- one step ------------------------------------------------------------------------
+    # --- what an admission costs ----------------------------------------------------------
 
-    def schedule(self) -> Schedule:
-        """Hand out this step's budget as chunks and claim their slots (see the module)."""
-        limit = self.config.max_num_batched_tokens
-        budget = sys.maxsize if limit is None else limit
-        held = self._hold_over_budget(budget)
-        step = _Step(budget, held)
-        self._schedule_running(step)
-        admitted = [] if step.preempted else self._admit(step)
-        decodes = self._decodes(step)
-        if not (decodes or step.chunks or step.preempted) and self.unfinished:
-            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
-                               f"waits but cannot be admitted into an idle server; a bug")
-        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
-                        tuple(step.preempted), step.swapped_out, step.swapped_in)
-
-    def advance(self, schedule: Schedule, draw: Draw | None = None) -> dict[str, int]:
-        """Record the step as computed and ``draw`` the next token of every sample now fully
-        computed (forking a fresh request's samples first); the new tokens by sequence id.
-        In lazy mode the caller draws nothing (a sample's tokens are its positions) and
-        only the first and last token of each run of decodes is reported."""
-        if (draw is None) != self.lazy:
-            raise ValueError("advance needs a draw in eager mode and none in lazy mode")
-        step, new_tokens = self.clock, {}
-        for index, chunk in enumerate(schedule.chunks):
-            request, sample = chunk.request, chunk.sample
-            sample.computed = chunk.start + chunk.count
-            if chunk.decode:
-                self._decoding[sample.seq_id].since = step + 1
-                self._next_token(index, request, sample, draw, new_tokens)
-            elif sample.computed == len(sample.tokens):
-                self._finish_prefill(index, request, sample, draw, new_tokens)
-        for seq_id in self._valid(self._ends.pop(step, ())):
-            sample = self._sync(seq_id, step + 1)
-            sample.finish_reason = "length"
-            new_tokens[seq_id] = sample.tokens[-1]
-        self._due.pop(step, None)
-        self.clock += 1
-        return new_tokens
-
-    def retire(self, new_tokens: dict[str, int]) -> list[tuple[ServingRequest, bool]]:
-        """Free finished samples' blocks at once and retire finished requests; each request
-        that produced a token, in the running set's order, and whether it is done."""
-        owners = {self._owner[seq_id] for seq_id in new_tokens}
-        scheduler, touched = self.scheduler, []
-        for index in sorted(owners, key=scheduler.admission_rank):
-            request = self.requests[index]
-            for sample in request.samples:
-                if sample.finish_reason is not None and self.manager.holds(sample.seq_id):
-                    self._free(sample)
-            done = not request.active
-            if done:
-                scheduler.stop(index)
-                self._forget(request)
-            touched.append((request, done))
-        return touched
-
-    # --- scheduling ----------------------------------------------------------------------
-
-    def _hold_over_budget(self, budget: int) -> set[str]:
-        """The decoding samples that sit this step out because their decodes alone exceed
-        the budget (least protected first; possible with ``n`` > 1 samples)."""
-        excess = len(self._decoding) - budget
-        if excess <= 0:
-            return set()
-        key = self.scheduler.claim_key
-        order = sorted(self._decoding,
-                       key=lambda s: (key(self._decoding[s].request), self._decoding[s].position))
-        held = set(order[-excess:])
-        for seq_id in held:
-            self._sync(seq_id, self.clock)
-            self._register(seq_id, self.clock + 1)
-        return held
-
-    def _schedule_running(self, step: _Step) -> None:
-        """Give the running requests that need memory their chunks, most protected first,
-        preempting victims while the pool lacks blocks. In eager mode every decode is
-        listed; in lazy mode only those due (see the module)."""
-        scheduler, prefilling = self.scheduler, self._prefilling
-        if self.lazy and not prefilling and self._one_sample:
-            self._claim_due_blocks(step)
-            return
-        decodes = self._due_now(step.held) if self.lazy else self._all_decodes(step.held)
-        claimants = decodes.keys() | prefilling.keys() if prefilling else decodes
-        for index in scheduler.in_claim_order(claimants):
-            if index not in scheduler.running:
-                continue  # preempted earlier in this step
-            request = self.requests[index]
-            plan = [self._decode_chunk(request, self._sample(s)) for s in decodes.get(index, ())]
-            if index in prefilling:
-                plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
-            if not plan:
-                continue
-            if not self._make_room(
-                    index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free, step):
-                continue
-            self._claim(plan, step)
-            if self.lazy:
-                for chunk in plan:
-                    if chunk.decode:
-                        self._register_due(chunk.sample.seq_id, self.clock + 1,
-                                           chunk.start + 1)
-
-    def _claim_due_blocks(self, step: _Step) -> None:
-        """Lazy mode while every request has one sample and none is part-way through its
-        prefill (the simulator's case): this step's decodes whose token starts a new block
-        claim it, most protected first, preempting while the pool is empty. One block,
-        never shared (a fork needs two samples), so there is no plan to price; a paged
-        simulation is mostly these claims, hence one tight loop."""
-        entries = self._due.get(self.clock)
-        if not entries:
-            return
-        due = {self._decoding[s].request: self._decoding[s]
-               for s in self._valid(entries) if s not in step.held}
-        scheduler, pool, clock, buckets = self.scheduler, self.pool, self.clock, self._due
-        size = pool.block_size
-        for index in scheduler.in_claim_order(due):
-            if index not in scheduler.running:
-                continue  # preempted earlier in this step
-            entry, request = due[index], self.requests[index]
-            sample = request.samples[0]
-            self._catch_up(sample.seq_id, clock)
-            if not self._make_room(index, lambda: pool.num_free > 0, step):
-                continue
-            start = sample.computed  # a multiple of size: the token starts a new block
-            self._append(sample, start + 1)
-            step.chunks.append(Chunk(request, sample, start, 1, None, True))
-            buckets.setdefault(clock + size, []).append((sample.seq_id, entry.ticket))
-
-    def _make_room(self, index: int, fits: Callable[[], bool], step: _Step) -> bool:
-        """Preempt the scheduler's victims until running request ``index``'s claim
-        ``fits()`` (``Scheduler.preempt_until``), noting them in the step; False if
-        ``index`` was itself preempted."""
-        if fits():
-            return True
-        victims = self.scheduler.preempt_until(index, fits,
-                                               lambda victim: self._preempt(victim, step))
-        step.preempted += victims
-        return index not in victims
-
-    def _decodes(self, step: _Step) -> int:
-        """Decodes this step computes: the decoding samples, less those held back (a held
-        sample whose request was preempted since is no longer decoding at all)."""
-        if not step.held:
-            return len(self._decoding)
-        return len(self._decoding) - len(step.held & self._decoding.keys())
-
-    def _due_now(self, held: set[str]) -> dict[int, list[str]]:
-        """Lazy mode: this step's decodes that claim memory, by request, each caught up to
-        now."""
-        due: dict[int, list[str]] = {}
-        for seq_id in self._valid(self._due.get(self.clock, ())):
-            if seq_id not in held:
-                self._catch_up(seq_id, self.clock)  # its table catches up as it claims
-                due.setdefault(self._decoding[seq_id].request, []).append(seq_id)
-        return due
-
-    def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
-        """Eager mode: every decode of this step, by request, in sample order."""
-        decodes: dict[int, list[str]] = {}
-        for seq_id, decoding in self._decoding.items():
-            if seq_id not in held:
-                decodes.setdefault(decoding.request, []).append(seq_id)
-        for seq_ids in decodes.values():
-            seq_ids.sort(key=lambda s: self._decoding[s].position)
-        return decodes
-
-    def _admit(self, step: _Step) -> list[int]:
-        """Admit waiting requests while the limits, the budget and the free blocks allow."""
-        scheduler, admitted = self.scheduler, []
-        while (budget := step.left(self._decodes(step))) and \
-                (index := scheduler.next_waiting()) is not None:
-            request = self.requests[index]
-            plan = self._plan(request, budget, decoding=request.swapped)
-            cost = sum(c.count for c in plan)
-            if (not plan or not scheduler.admits(cost, self._decodes(step) + step.prefill)
-                    or self._blocks_for(plan) > self.pool.num_free):
-                break
-            scheduler.admit_next()
-            if request.swapped:  # back from swap space: what the cache lacks is copied in
-                request.swapped = False
-                cached = sum(len(c.hit) for c in plan)
-                step.swapped_in[index] = max(0, self.swap.swap_in(index) - cached)
-            self._prefilling[index] = None
-            self._claim(plan, step)
-            admitted.append(index)
-        return admitted
-
-    def _plan(self, request: ServingRequest, budget: int, *, decoding: bool) -> list[Chunk]:
-        """The prefill chunks of ``request``'s sequences not decoding that fit in ``budget``
-        tokens (at most one sequence new to the pool, so that its cache hit cannot be
-        evicted meanwhile); ``decoding`` plans a swapped-in request's decodes too."""
-        plan: list[Chunk] = []
-        size = self.pool.block_size
-        for sample in _compute_sequences(request):
-            if sample.seq_id in self._decoding and not decoding:
-                continue
-            held = self.manager.holds(sample.seq_id)
-            if not held and any(c.hit is not None for c in plan):
-                continue
-            hit = None if held else self._cache_hit(request, sample)
-            loaded = 0 if held or request.swapped else self._tier_hit(request, sample, len(hit))
-            start = sample.computed if held or request.swapped else (len(hit) + loaded) * size
-            pending = len(sample.tokens) - start
-            count = min(pending, budget) if self.chunked_prefill else \
-                (pending if pending <= budget else 0)
-            if count == 0:
-                break
-            plan.append(Chunk(request, sample, start, count, hit, held and sample.decoding,
-                              loaded))
-            budget -= count
-        return plan
-
-    def _decode_chunk(self, request: ServingRequest, sample: Sample) -> Chunk:
-        """A decoding sample's chunk: its one token not yet computed."""
-        return Chunk(request, sample, sample.computed, 1, None, True)
+    def _prefill_chunk(self, request: ServingRequest, sample: Sample,
+                       budget: int) -> Chunk | None:
+        """The next prefill chunk of a sequence that has tokens to compute, within
+        ``budget`` tokens (None if none fits): from where it stands if the pool holds it or
+        it comes back from swap space, else after its cache and tier hits."""
+        held = self.manager.holds(sample.seq_id)
+        hit = None if held else self._cache_hit(request, sample)
+        loaded = 0 if held or request.swapped else self._tier_hit(request, sample, len(hit))
+        start = (sample.computed if held or request.swapped
+                 else (len(hit) + loaded) * self.pool.block_size)
+        pending = len(sample.tokens) - start
+        count = min(pending, budget) if self.chunked_prefill else \
+            (pending if pending <= budget else 0)
+        if count == 0:
+            return None
+        return Chunk(request, sample, start, count, hit, held and sample.decoding, loaded)
 
     def _cache_hit(self, request: ServingRequest, sample: Sample) -> tuple[int, ...]:
         """The cached blocks a sequence new to the pool starts from (none without caching;
@@ -561,18 +318,10 @@ class ServingCore:
             needed += count if count < pool.ref_count(block) else count - 1
         return needed + len(revived)
 
-    def _claim(self, plan: list[Chunk], step: _Step) -> None:
-        """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
-        hit before anything else can evict it) and add them to the step."""
-        for chunk in sorted(plan, key=lambda c: c.hit is None) if len(plan) > 1 else plan:
-            sample, end = chunk.sample, chunk.start + chunk.count
-            if chunk.hit is None:
-                self._append(sample, end)
-            else:
-                self._add_sequence(chunk)
-            if not chunk.decode:
-                step.prefill += chunk.count
-            step.chunks.append(chunk)
+    def _swap_in(self, index: int, request: ServingRequest, chunk: Chunk, step: _Step) -> None:
+        """A request admitted back from swap space: what its cache hit lacks is copied in."""
+        request.swapped = False
+        step.swapped_in[index] = max(0, self.swap.swap_in(index) - len(chunk.hit or ()))
 
     def _add_sequence(self, chunk: Chunk) -> None:
         """Put a sequence new to the pool there, its cache hit first."""
@@ -592,6 +341,30 @@ class ServingCore:
         if chunk.loaded:
             self.pool.write_fetched(self.manager.block_table(sample.seq_id)[first:last], fetched)
 
+    def _append(self, sample: Sample, end: int) -> None:
+        """Extend a sample's block table to ``end`` tokens (its token ids, which prefix
+        caching hashes, or a count); blocks are taken where they are needed."""
+        length = self.manager.seq_len(sample.seq_id)
+        if end <= length:
+            return
+        if self._caching:
+            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
+        else:
+            self.manager.append_tokens(sample.seq_id, end - length)
+
+    # --- preemption ------------------------------------------------------------------------
+
+    def _make_room(self, index: int, fits: Callable[[], bool], step: _Step) -> bool:
+        """Preempt the scheduler's victims until running request ``index``'s claim
+        ``fits()`` (``Scheduler.preempt_until``), noting them in the step; False if
+        ``index`` was itself preempted."""
+        if fits():
+            return True
+        victims = self.scheduler.preempt_until(index, fits,
+                                               lambda victim: self._preempt(victim, step))
+        step.preempted += victims
+        return index not in victims
+
     def _preempt(self, index: int, step: _Step) -> None:
         """Free every block of request ``index`` and requeue it: to swap space when it has
         room (its samples keep their progress), else to be recomputed when readmitted (from
@@ -608,7 +381,6 @@ class ServingCore:
                 sample.computed, sample.decoding = 0, False
         self.scheduler.stop(index)
         self.scheduler.requeue(index)
-        self._prefilling.pop(index, None)
         request.preemptions += 1
 
     def _release(self, request: ServingRequest) -> None:
@@ -618,26 +390,197 @@ class ServingCore:
                 self._free(sample)
 
     def _free(self, sample: Sample) -> None:
-        """Free a sample's blocks, caught up first (so the blocks that filled get hashed)."""
-        if sample.seq_id in self._decoding:
-            self._sync(sample.seq_id, self.clock)
-            del self._decoding[sample.seq_id]
+        """Free a sample's blocks."""
         self.manager.free_sequence(sample.seq_id)
 
-    # --- decodes and their events --------------------------------------------------------
 
-    def _next_token(self, index: int, request: ServingRequest, sample: Sample,
-                    draw: Draw | None, new_tokens: dict[str, int]) -> None:
-        """The token after a computed decode: drawn (eager), or the next position (lazy,
-        reported only at the end of a run of decodes)."""
-        if draw is None:
-            sample.tokens.append(len(sample.tokens))
-            return
-        draw(index, request, sample)
-        new_tokens[sample.seq_id] = sample.tokens[-1]
+class ServingCore(BaseServingCore):
+    """The engine's serving core (see the module): every decode is listed every step, every
+    token drawn by the caller, and a step can be undone (``checkpoint``).
+
+    ``pool`` is a ``BlockPool`` (a ``PrefixCachingBlockPool`` turns prefix caching on), with
+    or without K/V tensors; ``chunked_prefill`` lets a prompt span several steps.
+    """
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
+                 chunked_prefill: bool = True) -> None:
+        super().__init__(config, pool, chunked_prefill=chunked_prefill)
+        self._decoding: dict[str, _Decoding] = {}
+        self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
+
+    def _forget(self, request: ServingRequest) -> None:
+        """Drop what the core kept for a request that has ended."""
+        self._prefilling.pop(request.request_id, None)
+        super()._forget(request)
+
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Schedule:
+        """Hand out this step's budget as chunks and claim their slots (see the module)."""
+        limit = self.config.max_num_batched_tokens
+        budget = sys.maxsize if limit is None else limit
+        held = self._hold_over_budget(budget)
+        step = _Step(budget, held)
+        self._schedule_running(step)
+        admitted = [] if step.preempted else self._admit(step)
+        decodes = self._decodes(step)
+        if not (decodes or step.chunks or step.preempted) and self.unfinished:
+            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
+                               f"waits but cannot be admitted into an idle server; a bug")
+        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
+                        tuple(step.preempted), step.swapped_out, step.swapped_in)
+
+    def advance(self, schedule: Schedule, draw: Draw) -> dict[str, int]:
+        """Record the step as computed and ``draw`` the next token of every sample now fully
+        computed (forking a fresh request's samples first); the new tokens by sequence id."""
+        if not callable(draw):
+            raise ValueError(f"advance needs a draw, got {draw!r}")
+        new_tokens: dict[str, int] = {}
+        for index, chunk in enumerate(schedule.chunks):
+            request, sample = chunk.request, chunk.sample
+            sample.computed = chunk.start + chunk.count
+            if chunk.decode:
+                draw(index, request, sample)
+                new_tokens[sample.seq_id] = sample.tokens[-1]
+            elif sample.computed == len(sample.tokens):
+                self._finish_prefill(index, request, sample, draw, new_tokens)
+        self.clock += 1
+        return new_tokens
+
+    def retire(self, new_tokens: dict[str, int]) -> list[tuple[ServingRequest, bool]]:
+        """Free finished samples' blocks at once and retire finished requests; each request
+        that produced a token, in the running set's order, and whether it is done."""
+        owners = {self._owner[seq_id] for seq_id in new_tokens}
+        scheduler, touched = self.scheduler, []
+        for index in sorted(owners, key=scheduler.admission_rank):
+            request = self.requests[index]
+            for sample in request.samples:
+                if sample.finish_reason is not None and self.manager.holds(sample.seq_id):
+                    self._free(sample)
+            done = not request.active
+            if done:
+                scheduler.stop(index)
+                self._forget(request)
+            touched.append((request, done))
+        return touched
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _hold_over_budget(self, budget: int) -> set[str]:
+        """The decoding samples that sit this step out because their decodes alone exceed
+        the budget (least protected first; possible with ``n`` > 1 samples)."""
+        excess = len(self._decoding) - budget
+        if excess <= 0:
+            return set()
+        key = self.scheduler.claim_key
+        order = sorted(self._decoding,
+                       key=lambda s: (key(self._decoding[s].request), self._decoding[s].position))
+        return set(order[-excess:])
+
+    def _schedule_running(self, step: _Step) -> None:
+        """Give the running requests that need memory their chunks, most protected first,
+        preempting victims while the pool lacks blocks; every decode is listed."""
+        scheduler, prefilling = self.scheduler, self._prefilling
+        decodes = self._all_decodes(step.held)
+        claimants = decodes.keys() | prefilling.keys() if prefilling else decodes
+        for index in scheduler.in_claim_order(claimants):
+            if index not in scheduler.running:
+                continue  # preempted earlier in this step
+            request = self.requests[index]
+            plan = [self._decode_chunk(request, self._sample(s)) for s in decodes.get(index, ())]
+            if index in prefilling:
+                plan += self._plan(request, step.left(self._decodes(step)), decoding=False)
+            if not plan:
+                continue
+            if not self._make_room(
+                    index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free, step):
+                continue
+            self._claim(plan, step)
+
+    def _decodes(self, step: _Step) -> int:
+        """Decodes this step computes: the decoding samples, less those held back (a held
+        sample whose request was preempted since is no longer decoding at all)."""
+        if not step.held:
+            return len(self._decoding)
+        return len(self._decoding) - len(step.held & self._decoding.keys())
+
+    def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
+        """Every decode of this step, by request, in sample order."""
+        decodes: dict[int, list[str]] = {}
+        for seq_id, decoding in self._decoding.items():
+            if seq_id not in held:
+                decodes.setdefault(decoding.request, []).append(seq_id)
+        for seq_ids in decodes.values():
+            seq_ids.sort(key=lambda s: self._decoding[s].position)
+        return decodes
+
+    def _admit(self, step: _Step) -> list[int]:
+        """Admit waiting requests while the limits, the budget and the free blocks allow."""
+        scheduler, admitted = self.scheduler, []
+        while (budget := step.left(self._decodes(step))) and \
+                (index := scheduler.next_waiting()) is not None:
+            request = self.requests[index]
+            plan = self._plan(request, budget, decoding=request.swapped)
+            cost = sum(c.count for c in plan)
+            if (not plan or not scheduler.admits(cost, self._decodes(step) + step.prefill)
+                    or self._blocks_for(plan) > self.pool.num_free):
+                break
+            scheduler.admit_next()
+            if request.swapped:
+                self._swap_in(index, request, plan[0], step)
+            self._prefilling[index] = None
+            self._claim(plan, step)
+            admitted.append(index)
+        return admitted
+
+    def _plan(self, request: ServingRequest, budget: int, *, decoding: bool) -> list[Chunk]:
+        """The prefill chunks of ``request``'s sequences not decoding that fit in ``budget``
+        tokens (at most one sequence new to the pool, so that its cache hit cannot be
+        evicted meanwhile); ``decoding`` plans a swapped-in request's decodes too."""
+        plan: list[Chunk] = []
+        for sample in _compute_sequences(request):
+            if sample.seq_id in self._decoding and not decoding:
+                continue
+            if not self.manager.holds(sample.seq_id) and any(c.hit is not None for c in plan):
+                continue
+            chunk = self._prefill_chunk(request, sample, budget)
+            if chunk is None:
+                break
+            plan.append(chunk)
+            budget -= chunk.count
+        return plan
+
+    def _decode_chunk(self, request: ServingRequest, sample: Sample) -> Chunk:
+        """A decoding sample's chunk: its one token not yet computed."""
+        return Chunk(request, sample, sample.computed, 1, None, True)
+
+    def _claim(self, plan: list[Chunk], step: _Step) -> None:
+        """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
+        hit before anything else can evict it) and add them to the step."""
+        for chunk in sorted(plan, key=lambda c: c.hit is None) if len(plan) > 1 else plan:
+            sample, end = chunk.sample, chunk.start + chunk.count
+            if chunk.hit is None:
+                self._append(sample, end)
+            else:
+                self._add_sequence(chunk)
+            if not chunk.decode:
+                step.prefill += chunk.count
+            step.chunks.append(chunk)
+
+    def _preempt(self, index: int, step: _Step) -> None:
+        """As the shared core preempts; a part-way prefill starts over when readmitted."""
+        super()._preempt(index, step)
+        self._prefilling.pop(index, None)
+
+    def _free(self, sample: Sample) -> None:
+        """Free a sample's blocks; it no longer decodes."""
+        self._decoding.pop(sample.seq_id, None)
+        super()._free(sample)
+
+    # --- prefills and decodes ------------------------------------------------------------
 
     def _finish_prefill(self, index: int, request: ServingRequest, sample: Sample,
-                        draw: Draw | None, new_tokens: dict[str, int]) -> None:
+                        draw: Draw, new_tokens: dict[str, int]) -> None:
         """A sequence whose tokens are all computed: fork a fresh request's samples from it,
         draw each one's next token, and start decoding those that go on."""
         targets = [sample]
@@ -647,108 +590,32 @@ class ServingCore:
                 self.manager.fork(sample.seq_id, child.seq_id)
                 child.computed = sample.computed
         for target in targets:
-            if draw is None:
-                request.append_token(target, len(target.tokens), ())
-            else:
-                draw(index, request, target)
+            draw(index, request, target)
             target.decoding = True
             new_tokens[target.seq_id] = target.tokens[-1]
             if target.finish_reason is None:
-                self._start_decoding(request, target)
+                self._decoding[target.seq_id] = _Decoding(request.request_id,
+                                                          _position(request, target))
         if all(s.seq_id in self._decoding for s in request.active):
             self._prefilling.pop(request.request_id, None)
-
-    def _start_decoding(self, request: ServingRequest, sample: Sample) -> None:
-        """Track a sample that decodes from the next step on."""
-        self._decoding[sample.seq_id] = _Decoding(
-            request.request_id, _position(request, sample), self.clock + 1, 0)
-        self._register(sample.seq_id, self.clock + 1)
-
-    def _register(self, seq_id: str, since: int) -> None:
-        """Note that a decoding sample is exact at the start of step ``since``, with a fresh
-        ticket, and (lazy mode) file it under the steps of its next claim and last token."""
-        decoding = self._decoding[seq_id]
-        self._tickets += 1
-        decoding.since, decoding.ticket = since, self._tickets
-        request = self.requests[decoding.request]
-        sample = request.samples[decoding.position]
-        if not self.lazy:
-            return
-        shared = (sample.computed % self.pool.block_size
-                  and self.pool.ref_count(self.manager.block_table(seq_id)[-1]) > 1)
-        if shared:  # just forked: copy-on-write at once
-            self._due.setdefault(since, []).append((seq_id, self._tickets))
-        else:
-            self._register_due(seq_id, since, sample.computed)
-        left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
-        self._ends.setdefault(since + left - 1, []).append((seq_id, self._tickets))
-
-    def _register_due(self, seq_id: str, since: int, computed: int) -> None:
-        """File a decoding sample with ``computed`` tokens at the start of step ``since``
-        under the step at which its next token starts a new block."""
-        step = since + (-computed) % self.pool.block_size
-        self._due.setdefault(step, []).append((seq_id, self._decoding[seq_id].ticket))
-
-    def _valid(self, entries: Sequence[tuple[str, int]]) -> list[str]:
-        """The sequence ids of bucket ``entries`` whose tickets are still current."""
-        decoding = self._decoding
-        return [s for s, ticket in entries if s in decoding and decoding[s].ticket == ticket]
-
-    def _sync(self, seq_id: str, step: int) -> Sample:
-        """Catch a decoding sample and its block table up to the start of ``step``; the
-        sample."""
-        sample = self._catch_up(seq_id, step)
-        self._append(sample, sample.computed)
-        return sample
-
-    def _catch_up(self, seq_id: str, step: int) -> Sample:
-        """Catch a decoding sample up to the start of ``step``: one token per step since it
-        was last exact, its position as its id (lazy mode); the sample."""
-        decoding = self._decoding[seq_id]
-        sample = self.requests[decoding.request].samples[decoding.position]
-        behind = step - decoding.since
-        if behind:
-            length = len(sample.tokens)
-            sample.tokens.extend(range(length, length + behind))
-            sample.computed += behind
-            decoding.since = step
-        return sample
-
-    def _append(self, sample: Sample, end: int) -> None:
-        """Extend a sample's block table to ``end`` tokens (its token ids, which prefix
-        caching hashes, or a count); blocks are taken where they are needed."""
-        length = self.manager.seq_len(sample.seq_id)
-        if end <= length:
-            return
-        if self._caching:
-            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
-        else:
-            self.manager.append_tokens(sample.seq_id, end - length)
 
     def _sample(self, seq_id: str) -> Sample:
         """The decoding sample ``seq_id``."""
         decoding = self._decoding[seq_id]
         return self.requests[decoding.request].samples[decoding.position]
 
-    def sync_all(self) -> None:
-        """Catch every decoding sample up to now (lazy mode), e.g. before a snapshot."""
-        for seq_id in self._decoding:
-            self._sync(seq_id, self.clock)
-
     # --- all or nothing --------------------------------------------------------------------
 
-    _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_chains", "_due",
-                   "_ends", "_tickets")
+    _STEP_STATE = ("unfinished", "clock", "_decoding", "_prefilling", "_chains")
 
     def checkpoint(self) -> UndoLog:
         """Start a log of what the core changes from now on, for ``restore`` to undo (or
         ``commit`` to keep): the pool, which must be undoable (``course_lib.rollback``),
         logs its own changes, K/V included; the live requests' bookkeeping is saved here,
         at a cost that grows with them, never with the pool."""
-        if not isinstance(self.pool, UndoablePool) or self.lazy:
-            raise ValueError(f"checkpoint needs an eager core over an undoable pool "
-                             f"(course_lib.rollback.undoable), got lazy={self.lazy}, "
-                             f"{type(self.pool).__name__}")
+        if not isinstance(self.pool, UndoablePool):
+            raise ValueError(f"checkpoint needs a pool made undoable "
+                             f"(course_lib.rollback.undoable), got {type(self.pool).__name__}")
         log = UndoLog()
         for undo in self._saved_bookkeeping():
             log.add(undo)
@@ -763,14 +630,11 @@ class ServingCore:
                 saved_manager(self.manager), saved_fields(self, self._STEP_STATE)]
         if self.swap is not None:
             undo.append(saved_fields(self.swap, ("_held",)))
-        decoding = [(d, d.since, d.ticket) for d in self._decoding.values()]
         chains = [(chain, len(chain)) for chain in self._chains.values()]
         requests = [(r, r.preemptions, r.swapped, [_saved_sample(s) for s in r.samples])
                     for r in map(self.requests.__getitem__, self.unfinished)]
 
         def undo_requests() -> None:
-            for entry, since, ticket in decoding:
-                entry.since, entry.ticket = since, ticket
             for chain, length in chains:
                 del chain[length:]
             for request, preemptions, swapped, samples in requests:

@@ -64,7 +64,8 @@ from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import Scheduler, SchedulerConfig
-from course_lib.serving import Sample, Schedule, ServingCore, ServingRequest
+from course_lib.lazy_serving import LazyServingCore
+from course_lib.serving import Sample, Schedule, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import (
@@ -829,7 +830,7 @@ class _PagedRun(_Run):
         super().__init__(trace, config, record, progress)
         pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
         pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
-        self.core = ServingCore(config.scheduler, pool, chunked_prefill=False, lazy=True)
+        self.core = LazyServingCore(config.scheduler, pool)
         self.scheduler = self.core.scheduler
         self.memory = _PagedMemory(config, pool)
         self.index: list[int] = []  # the core's request id -> trace index
@@ -904,12 +905,10 @@ class _PagedRun(_Run):
 
     def _finish_step(self, t: int) -> int:
         core = self.core
-        finished = 0
-        for request, done in core.retire(core.advance(self._pending)):
-            if done:
-                self._finished(self.index[request.request_id], t)
-                finished += 1
-        return finished
+        finished = core.retire(core.advance(self._pending))
+        for request in finished:
+            self._finished(self.index[request.request_id], t)
+        return len(finished)
 
     def _stop(self, decoded: bool) -> None:
         """A snapshot shows only its step's events, and every length as of its token."""

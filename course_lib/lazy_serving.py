@@ -1,0 +1,233 @@
+"""The serving core's lazy twin: the simulator's and the cluster's, where a step costs work
+only for its events.
+
+A decode that needs no new block changes nothing in the pool, so :class:`LazyServingCore`
+does not touch it. A decoding request is one slotted record (:class:`_Decoding`): the step
+at whose start its sample's ``computed`` and ``tokens`` were last exact, the step whose
+token starts its next block, and the step that draws its last token. The record is filed
+under those two steps; when one comes, the request claims its block (preempting, most
+protected first, as :class:`~course_lib.serving.ServingCore` does) or finishes, and only
+then are its tokens and its block table caught up. The same happens when it is preempted
+or aborted. A request's new tokens are its positions (the caller draws nothing).
+
+It schedules exactly as the eager core does (``tests/test_serving_core_differential.py``
+holds the two to the same block tables after every step) for the requests it takes: one
+sample each, prefilled whole (no chunked prefill), by recompute or swap. Admission,
+cache and tier hits and preemption are the shared core's
+(:class:`~course_lib.serving.BaseServingCore`). With prefix caching, a lazy decode's full
+block gets its hash only when the core next touches it, which nobody can notice if nobody
+else could look for it: every request brings a cache salt of its own (the simulator's
+requests share nothing), or the caller promises a closed loop (``closed_loop``: no prompt
+continues a sequence still decoding, as in a conversation whose next turn arrives after
+the previous one finished, ``course_lib.cluster``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from course_lib.paged import BlockPool
+from course_lib.scheduler import SchedulerConfig
+from course_lib.serving import (
+    BaseServingCore,
+    Chunk,
+    Sample,
+    Schedule,
+    ServingRequest,
+    _Step,
+)
+
+
+@dataclass(slots=True)
+class _Decoding:
+    """A decoding request: its request and sample, the step at whose start the sample's
+    ``computed`` and ``tokens`` were last exact, the step whose token starts its next
+    block (``claim``) and the step that draws its last token (``end``). A bucket entry is
+    live while this very record is the request's and names the step it is filed under."""
+
+    request: ServingRequest
+    sample: Sample
+    since: int
+    claim: int
+    end: int
+
+
+class LazyServingCore(BaseServingCore):
+    """The waiting and running requests over ``pool`` (with or without prefix caching, a
+    CPU tier, or swap space), scheduled as the eager core schedules them but touched only
+    at their events (see the module). ``closed_loop`` lets requests with prefix caching
+    share blocks (any salt): the caller promises that no prompt continues a sequence still
+    decoding."""
+
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
+                 closed_loop: bool = False) -> None:
+        if not isinstance(closed_loop, bool):
+            raise ValueError(f"closed_loop must be a bool, got {closed_loop!r}")
+        super().__init__(config, pool, chunked_prefill=False)
+        self.closed_loop = closed_loop
+        self._salts: set[str] = set()  # prefix caching without a closed loop: salts seen
+        self._decoding: dict[int, _Decoding] = {}  # by request id
+        self._claims: dict[int, list[_Decoding]] = {}  # step -> decodes that claim a block
+        self._ends: dict[int, list[_Decoding]] = {}  # step -> decodes that draw their last
+
+    def _check_supported(self, request: ServingRequest) -> None:
+        """Refuse a request of several samples, and, with prefix caching outside a closed
+        loop, one whose cache salt is missing or not its own (see the module)."""
+        if len(request.samples) != 1:
+            raise ValueError(f"request {request.request_id}: a lazy core takes one sample "
+                             f"per request; got {len(request.samples)} samples")
+        if not self._caching or self.closed_loop:
+            return
+        salt = request.cache_salt
+        if salt is None or salt in self._salts:
+            raise ValueError(f"request {request.request_id}: a lazy core with prefix caching "
+                             f"takes a cache salt of its own per request (the simulator's "
+                             f"requests share nothing); got cache_salt={salt!r}")
+        self._salts.add(salt)
+
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Schedule:
+        """This step's block claims (preempting while the pool is empty), then, unless
+        someone was preempted, its admissions; only those are listed as chunks."""
+        limit = self.config.max_num_batched_tokens
+        step = _Step(sys.maxsize if limit is None else limit, set())
+        self._claim_blocks(step)
+        admitted = [] if step.preempted else self._admit(step)
+        decodes = len(self._decoding)
+        if not (decodes or step.chunks or step.preempted) and self.unfinished:
+            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
+                               f"waits but cannot be admitted into an idle server; a bug")
+        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
+                        tuple(step.preempted), step.swapped_out, step.swapped_in)
+
+    def advance(self, schedule: Schedule) -> list[ServingRequest]:
+        """Record the step as computed: every sample decodes its position, an admitted
+        prompt draws its first token; the requests whose last token this step drew (their
+        blocks still held, for ``retire``)."""
+        step, finished = self.clock, []
+        for chunk in schedule.chunks:
+            request, sample = chunk.request, chunk.sample
+            sample.computed = chunk.start + chunk.count
+            if chunk.decode:
+                self._decoding[request.request_id].since = step + 1
+                sample.tokens.append(len(sample.tokens))
+                continue
+            request.append_token(sample, len(sample.tokens), ())
+            sample.decoding = True
+            if sample.finish_reason is None:
+                self._start_decoding(request, sample)
+            else:
+                finished.append(request)
+        decoding = self._decoding
+        for entry in self._ends.pop(step, ()):
+            if decoding.get(entry.request.request_id) is entry:
+                self._sync(entry, step + 1)
+                entry.sample.finish_reason = "length"
+                finished.append(entry.request)
+        self._claims.pop(step, None)
+        self.clock += 1
+        return finished
+
+    def retire(self, finished: list[ServingRequest]) -> list[ServingRequest]:
+        """Free the blocks of the requests ``advance`` found finished and retire them; they
+        are returned in the running set's order, the order their blocks were freed."""
+        scheduler = self.scheduler
+        ordered = sorted(finished, key=lambda r: scheduler.admission_rank(r.request_id))
+        for request in ordered:
+            self._release(request)
+            scheduler.stop(request.request_id)
+            self._forget(request)
+        return ordered
+
+    def sync_all(self) -> None:
+        """Catch every decoding request up to now, e.g. before a snapshot."""
+        for entry in self._decoding.values():
+            self._sync(entry, self.clock)
+
+    # --- claims and admissions -------------------------------------------------------------
+
+    def _claim_blocks(self, step: _Step) -> None:
+        """This step's decodes whose token starts a new block claim it, most protected
+        first, preempting while the pool is empty. One block, never shared (one sample per
+        request and no partial block is ever a cache hit), so there is no plan to price."""
+        entries = self._claims.get(self.clock)
+        if not entries:
+            return
+        clock, decoding = self.clock, self._decoding
+        due = {e.request.request_id: e for e in entries
+               if decoding.get(e.request.request_id) is e and e.claim == clock}
+        scheduler, pool, claims = self.scheduler, self.pool, self._claims
+        for index in scheduler.in_claim_order(due):
+            if index not in scheduler.running:
+                continue  # preempted earlier in this step
+            entry = due[index]
+            self._catch_up(entry, clock)
+            if not self._make_room(index, lambda: pool.num_free > 0, step):
+                continue
+            sample = entry.sample
+            start = sample.computed  # a multiple of the block size: a new block
+            self._append(sample, start + 1)
+            step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
+            entry.claim = clock + pool.block_size
+            if entry.claim <= entry.end:
+                claims.setdefault(entry.claim, []).append(entry)
+
+    def _admit(self, step: _Step) -> list[int]:
+        """Admit waiting requests, whole prompts, while the limits, the budget and the free
+        blocks allow (the eager core's rule, for one sequence)."""
+        scheduler, admitted, decodes = self.scheduler, [], len(self._decoding)
+        while (budget := step.left(decodes)) and (index := scheduler.next_waiting()) is not None:
+            request = self.requests[index]
+            chunk = self._prefill_chunk(request, request.samples[0], budget)
+            if (chunk is None or not scheduler.admits(chunk.count, decodes + step.prefill)
+                    or self._blocks_for([chunk]) > self.pool.num_free):
+                break
+            scheduler.admit_next()
+            if request.swapped:
+                self._swap_in(index, request, chunk, step)
+            self._add_sequence(chunk)
+            step.prefill += chunk.count
+            step.chunks.append(chunk)
+            admitted.append(index)
+        return admitted
+
+    # --- decodes and their events ----------------------------------------------------------
+
+    def _start_decoding(self, request: ServingRequest, sample: Sample) -> None:
+        """File a request that decodes from the next step on under the steps of its next
+        block claim and of its last token."""
+        since = self.clock + 1
+        left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
+        entry = _Decoding(request, sample, since,
+                          since + (-sample.computed) % self.pool.block_size, since + left - 1)
+        self._decoding[request.request_id] = entry
+        if entry.claim <= entry.end:
+            self._claims.setdefault(entry.claim, []).append(entry)
+        self._ends.setdefault(entry.end, []).append(entry)
+
+    def _catch_up(self, entry: _Decoding, step: int) -> None:
+        """Catch a decoding sample up to the start of ``step``: one token per step since it
+        was last exact, its position as its id."""
+        behind = step - entry.since
+        if behind:
+            sample = entry.sample
+            length = len(sample.tokens)
+            sample.tokens.extend(range(length, length + behind))
+            sample.computed += behind
+            entry.since = step
+
+    def _sync(self, entry: _Decoding, step: int) -> None:
+        """Catch a decoding sample and its block table up to the start of ``step`` (the
+        blocks that filled get their hashes)."""
+        self._catch_up(entry, step)
+        self._append(entry.sample, entry.sample.computed)
+
+    def _free(self, sample: Sample) -> None:
+        """Free a sample's blocks, caught up first (so the blocks that filled get hashed);
+        it no longer decodes."""
+        entry = self._decoding.pop(self._owner[sample.seq_id], None)
+        if entry is not None:
+            self._sync(entry, self.clock)
+        super()._free(sample)
