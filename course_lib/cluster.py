@@ -29,6 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from course_lib.kv_math import GIB
+from course_lib.lazy_serving import LazyServingCore
 from course_lib.paged import BlockPool
 from course_lib.prefix_cache import BlockHash, block_hashes
 from course_lib.router import (
@@ -38,7 +39,6 @@ from course_lib.router import (
     RoutePolicy,
     prefix_aware_choice,
 )
-from course_lib.lazy_serving import LazyServingCore
 from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
 from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
 from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from operator import attrgetter
 
 from course_lib.paged import BlockPool
 from course_lib.scheduler import SchedulerConfig
@@ -41,13 +42,15 @@ from course_lib.serving import (
 
 @dataclass(slots=True)
 class _Decoding:
-    """A decoding request: its request and sample, the step at whose start the sample's
-    ``computed`` and ``tokens`` were last exact, the step whose token starts its next
-    block (``claim``) and the step that draws its last token (``end``). A bucket entry is
-    live while this very record is the request's and names the step it is filed under."""
+    """A decoding request: its request and sample, its place in the claim order (the
+    scheduler's ``claim_key``, fixed while it runs), the step at whose start the sample's
+    ``computed`` and ``tokens`` were last exact, the step whose token starts its next block
+    (``claim``) and the step that draws its last token (``end``). A bucket entry is live
+    while this very record is the request's and names the step it is filed under."""
 
     request: ServingRequest
     sample: Sample
+    key: tuple[int, ...]
     since: int
     claim: int
     end: int
@@ -103,17 +106,16 @@ class LazyServingCore(BaseServingCore):
                         tuple(step.preempted), step.swapped_out, step.swapped_in)
 
     def advance(self, schedule: Schedule) -> list[ServingRequest]:
-        """Record the step as computed: every sample decodes its position, an admitted
-        prompt draws its first token; the requests whose last token this step drew (their
-        blocks still held, for ``retire``)."""
+        """Record the step as computed: every decoding sample decodes its position (caught
+        up later, at its next event), an admitted prompt draws its first token; the
+        requests whose last token this step drew (their blocks still held, for
+        ``retire``)."""
         step, finished = self.clock, []
         for chunk in schedule.chunks:
+            if chunk.decode:
+                continue  # a block claim: its token is one more step to catch up
             request, sample = chunk.request, chunk.sample
             sample.computed = chunk.start + chunk.count
-            if chunk.decode:
-                self._decoding[request.request_id].since = step + 1
-                sample.tokens.append(len(sample.tokens))
-                continue
             request.append_token(sample, len(sample.tokens), ())
             sample.decoding = True
             if sample.finish_reason is None:
@@ -123,7 +125,7 @@ class LazyServingCore(BaseServingCore):
         decoding = self._decoding
         for entry in self._ends.pop(step, ()):
             if decoding.get(entry.request.request_id) is entry:
-                self._sync(entry, step + 1)
+                self._catch_up(entry, step + 1)
                 entry.sample.finish_reason = "length"
                 finished.append(entry.request)
         self._claims.pop(step, None)
@@ -155,22 +157,27 @@ class LazyServingCore(BaseServingCore):
         entries = self._claims.get(self.clock)
         if not entries:
             return
-        clock, decoding = self.clock, self._decoding
-        due = {e.request.request_id: e for e in entries
-               if decoding.get(e.request.request_id) is e and e.claim == clock}
-        scheduler, pool, claims = self.scheduler, self.pool, self._claims
-        for index in scheduler.in_claim_order(due):
-            if index not in scheduler.running:
+        clock, decoding, running = self.clock, self._decoding, self.scheduler.running
+        due = [e for e in entries if decoding.get(e.request.request_id) is e and e.claim == clock]
+        due.sort(key=_claim_key)
+        pool, claims = self.pool, self._claims
+        size = pool.block_size
+
+        def has_free() -> bool:
+            return pool.num_free > 0
+
+        for entry in due:
+            index = entry.request.request_id
+            if index not in running:
                 continue  # preempted earlier in this step
-            entry = due[index]
             self._catch_up(entry, clock)
-            if not self._make_room(index, lambda: pool.num_free > 0, step):
+            if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
             sample = entry.sample
             start = sample.computed  # a multiple of the block size: a new block
             self._append(sample, start + 1)
             step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
-            entry.claim = clock + pool.block_size
+            entry.claim = clock + size
             if entry.claim <= entry.end:
                 claims.setdefault(entry.claim, []).append(entry)
 
@@ -200,7 +207,7 @@ class LazyServingCore(BaseServingCore):
         block claim and of its last token."""
         since = self.clock + 1
         left = request.max_tokens - (len(sample.tokens) - len(request.prompt))
-        entry = _Decoding(request, sample, since,
+        entry = _Decoding(request, sample, self.scheduler.claim_key(request.request_id), since,
                           since + (-sample.computed) % self.pool.block_size, since + left - 1)
         self._decoding[request.request_id] = entry
         if entry.claim <= entry.end:
@@ -225,9 +232,15 @@ class LazyServingCore(BaseServingCore):
         self._append(entry.sample, entry.sample.computed)
 
     def _free(self, sample: Sample) -> None:
-        """Free a sample's blocks, caught up first (so the blocks that filled get hashed);
-        it no longer decodes."""
+        """Free a sample's blocks, caught up first (with prefix caching its table too, so
+        the blocks that filled get hashed); it no longer decodes."""
         entry = self._decoding.pop(self._owner[sample.seq_id], None)
         if entry is not None:
-            self._sync(entry, self.clock)
+            self._catch_up(entry, self.clock)
+            if self._caching:
+                self._append(sample, sample.computed)
         super()._free(sample)
+
+
+_claim_key = attrgetter("key")
+"""A decoding record's place in the claim order."""

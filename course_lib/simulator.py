@@ -60,11 +60,11 @@ from tqdm.auto import tqdm
 
 from course_lib.hybrid_serving import HybridServingCore
 from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, HybridModel
+from course_lib.lazy_serving import LazyServingCore
 from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import Scheduler, SchedulerConfig
-from course_lib.lazy_serving import LazyServingCore
 from course_lib.serving import Sample, Schedule, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import PoolSnapshot
