@@ -135,6 +135,8 @@ class LazyServingCore(BaseServingCore):
     def retire(self, finished: list[ServingRequest]) -> list[ServingRequest]:
         """Free the blocks of the requests ``advance`` found finished and retire them; they
         are returned in the running set's order, the order their blocks were freed."""
+        if not finished:
+            return finished
         scheduler = self.scheduler
         ordered = sorted(finished, key=lambda r: scheduler.admission_rank(r.request_id))
         for request in ordered:

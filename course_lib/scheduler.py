@@ -315,6 +315,9 @@ class Scheduler:
 
     def _check_can_wait(self, index: int) -> None:
         """Raise unless ``index`` names a request of the trace that neither waits nor runs."""
+        if (type(index) is int and 0 <= index < len(self._keys) and index not in self._waiting
+                and index not in self.running):
+            return  # the common case, checked at once
         check_int("request index", index, 0)
         if index >= len(self._keys):
             raise ValueError(f"request index {index} is outside the trace "

@@ -55,7 +55,7 @@ from course_lib.workload import Request
 FinishReason = Literal["length", "stop", "abort"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     """One sample while it generates: prompt plus generated tokens, its random generator
     (the engine's; None when greedy or simulated), why it stopped (None while it runs), how
@@ -70,7 +70,7 @@ class Sample:
     decoding: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class ServingRequest:
     """A request as the core schedules it: its prompt, how many tokens each sample may
     generate, its samples, its priority (smaller is more important), the prefix cache's
@@ -111,7 +111,7 @@ Draw = Callable[[int, ServingRequest, Sample], None]
 """Appends the next token to a sample: called with the index of the chunk that completed it."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One sequence's share of a step: ``count`` tokens from position ``start``; ``hit`` are
     the cached blocks a sequence new to the pool starts from; ``decode`` marks a decode;
@@ -299,10 +299,14 @@ class BaseServingCore:
     def _blocks_for(self, plan: list[Chunk]) -> int:
         """Free blocks claiming ``plan``'s slots takes (copies of shared blocks included)."""
         manager, pool, size = self.manager, self.pool, self.pool.block_size
-        if len(plan) == 1 and plan[0].decode:  # the common claims, without a table copy
-            if plan[0].start % size == 0:
-                return 1  # a decode that starts a new block
-            return int(pool.ref_count(manager.last_block(plan[0].sample.seq_id)) > 1)
+        if len(plan) == 1:  # the common claims, without a table copy
+            chunk = plan[0]
+            if chunk.decode:
+                if chunk.start % size == 0:
+                    return 1  # a decode that starts a new block
+                return int(pool.ref_count(manager.last_block(chunk.sample.seq_id)) > 1)
+            if chunk.hit == ():  # a new sequence that found nothing cached
+                return manager.blocks_needed(chunk.start + chunk.count)
         needed, revived, writers = 0, set(), {}
         for chunk in plan:
             end = chunk.start + chunk.count

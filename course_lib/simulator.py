@@ -843,7 +843,6 @@ class _PagedRun(_Run):
             len(self.index), range(request.prompt_len + 1), request.output_len,
             request.priority, [Sample(str(request.id), Positions(request.prompt_len + 1))],
             cache_salt=f"simulated request {request.id}")
-        self.core.check_fits(queued)  # the rejections made sure; a bug otherwise
         self.core.add(queued)
         self.index.append(i)
 

@@ -74,6 +74,12 @@ class Request:
     think: int = 0
 
     def __post_init__(self) -> None:
+        if (type(self.id) is type(self.prompt_len) is type(self.output_len) is int
+                and type(self.arrival) is type(self.priority) is type(self.think) is int
+                and self.id >= 0 and self.prompt_len >= 1 and self.output_len >= 1
+                and self.arrival >= 0 and self.think == 0
+                and self.token_ids is None and self.follows is None):
+            return  # a plain request, checked at once (traces hold thousands)
         check_int("id", self.id, 0)
         check_int(f"request {self.id}: prompt_len", self.prompt_len, 1)
         check_int(f"request {self.id}: output_len", self.output_len, 1)
