@@ -133,17 +133,16 @@ class LazyServingCore(BaseServingCore):
         return finished
 
     def retire(self, finished: list[ServingRequest]) -> list[ServingRequest]:
-        """Free the blocks of the requests ``advance`` found finished and retire them; they
-        are returned in the running set's order, the order their blocks were freed."""
-        if not finished:
-            return finished
+        """Free the blocks of the requests ``advance`` found finished and retire them, in
+        the running set's order (the order their blocks are freed); that list, sorted."""
         scheduler = self.scheduler
-        ordered = sorted(finished, key=lambda r: scheduler.admission_rank(r.request_id))
-        for request in ordered:
-            self._release(request)
+        if len(finished) > 1:
+            finished.sort(key=lambda r: scheduler.admission_rank(r.request_id))
+        for request in finished:
+            self._free(request.samples[0])  # a running request's one sample holds blocks
             scheduler.stop(request.request_id)
             self._forget(request)
-        return ordered
+        return finished
 
     def sync_all(self) -> None:
         """Catch every decoding request up to now, e.g. before a snapshot."""

@@ -127,7 +127,7 @@ class Chunk:
     loaded: int = 0  # blocks after the hit copied back from the pool's CPU tier
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Schedule:
     """What one step computes: the chunks (a lazy core, ``course_lib.lazy_serving``, lists
     only prefills and the decodes that claim a block), every token it computes, the

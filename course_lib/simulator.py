@@ -861,7 +861,6 @@ class _PagedRun(_Run):
             if chunk.decode:  # a claim of one block (nothing is shared, so no copy)
                 self._grew(i, t, chunk.start, chunk.sample.seq_id)
                 continue
-            table = self.core.manager.block_table(chunk.sample.seq_id)
             length = chunk.start + chunk.count - 1  # the guide's: before the step's token
             swapped = schedule.swapped_in.get(chunk.request.request_id)
             resumed = self.tally[i].preempted_at >= 0
@@ -873,7 +872,10 @@ class _PagedRun(_Run):
                 prefilled += chunk.count - 1
                 if resumed:
                     self.recomputed += chunk.count - 1
-            self._admitted(i, t, length, table, len(table) * size, len(chunk.hit or ()))
+            table = (() if self.events is None
+                     else self.core.manager.block_table(chunk.sample.seq_id))
+            self._admitted(i, t, length, table, -(-(length + 1) // size) * size,
+                           len(chunk.hit or ()))
         return bool(schedule.preempted), prefilled
 
     def _grew(self, i: int, t: int, length: int, seq_id: str) -> None:
