@@ -3,7 +3,7 @@ one stepping on the same clock.
 
 A request arrives (at its ``arrival`` step, or, for a conversation's later turn, ``think``
 steps after the previous turn finished), the router (``course_lib.router``) picks a
-replica, and that replica's serving core (``course_lib.serving``, lazy mode, as the
+replica, and that replica's lazy serving core (``course_lib.lazy_serving``, as the
 single-server simulator runs it) schedules it. Each replica turns its own steps into
 seconds with the cost model (``course_lib.simulator.CostModel``): a step that copies
 blocks back from its CPU tier (``course_lib.tier``) pays chapter 05's swap cost for them.
@@ -193,7 +193,7 @@ class _Tally:
 
 
 class Replica:
-    """One simulated server: a serving core in lazy mode over a paged pool (with a CPU tier
+    """One simulated server: a lazy serving core over a paged pool (with a CPU tier
     when configured) and the bookkeeping that turns its steps into the simulator's metrics.
     """
 

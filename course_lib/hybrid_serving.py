@@ -9,7 +9,7 @@ every group, less the window blocks handed back first, claim by claim), and how 
 is added and extended (with its token ids when prefix caching is on).
 
 It runs in eager mode only: a window group hands back a block exactly when a decode moves
-past it, so every decode must reach the manager every step (the lazy mode touches a decode
+past it, so every decode must reach the manager every step (the lazy core touches a decode
 only when it needs a block). Preemption is by recompute, the engine's kind.
 """
 

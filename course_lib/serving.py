@@ -618,7 +618,7 @@ class ServingCore(BaseServingCore):
         logs its own changes, K/V included; the live requests' bookkeeping is saved here,
         at a cost that grows with them, never with the pool."""
         if not isinstance(self.pool, UndoablePool):
-            raise ValueError(f"checkpoint needs a pool made undoable "
+            raise ValueError(f"checkpoint needs an undoable pool "
                              f"(course_lib.rollback.undoable), got {type(self.pool).__name__}")
         log = UndoLog()
         for undo in self._saved_bookkeeping():

@@ -17,10 +17,11 @@ request writes one token; prefill is free (admitting a request adds no step). In
 3. **decode**: every running request writes one token. The step's metrics are taken here.
 4. **finish**: requests that wrote their last token free their memory.
 
-Paged runs are not scheduled here: the serving core (``course_lib.serving.ServingCore``)
-that chapter 07's engine runs on does it, over a pool without K/V storage, in its lazy
-mode, where a request costs work only when it is admitted, claims a block, is preempted or
-finishes, never per token; 3,000 chats take about a second. A trace request of ``P``
+Paged runs are not scheduled here: the lazy serving core
+(``course_lib.lazy_serving.LazyServingCore``) does it, over a pool without K/V storage, with
+the rules of the core chapter 07's engine runs on (``course_lib.serving``); a request costs
+work only when it is admitted, claims a block, is preempted or finishes, never per token,
+so 3,000 chats take well under a second. A trace request of ``P``
 prompt and ``O`` output tokens is, to the core, a prompt of ``P + 1`` tokens (the guide's
 free prefill and the token its admission step writes) with ``max_tokens=O``, which gives
 the guide's K/V lengths step by step. Contiguous runs keep the guide's simple loop
@@ -815,8 +816,8 @@ class _SlabRun(_Run):
 
 
 class _PagedRun(_Run):
-    """A paged pool, scheduled by the serving core (``course_lib.serving``) in lazy mode
-    over a pool without K/V: the core decides who runs, who is admitted and who is
+    """A paged pool, scheduled by the lazy serving core (``course_lib.lazy_serving``) over
+    a pool without K/V: the core decides who runs, who is admitted and who is
     preempted, and claims the blocks; this run turns what it did into the metrics.
 
     A trace request of ``P`` prompt and ``O`` output tokens is, to the core, a request of

@@ -349,10 +349,11 @@ def multi_turn(conversations: int = 1000, seed: int = MULTI_TURN_SEED,
     Turn ``k`` of a conversation is one request whose prompt is the whole history: its
     system prompt, every earlier user message and reply, and the new user message. Its
     reply's token ids are their positions in the conversation, because the simulator has
-    no model and its serving core generates exactly those ids (``course_lib.serving``, lazy
-    mode); user messages and system prompts are random ids. The first turn arrives at the
-    conversation's start; every later turn ``follows`` the previous one and arrives
-    ``think`` steps after it finished. Requests are numbered conversation by conversation.
+    no model and its serving core generates exactly those ids
+    (``course_lib.lazy_serving``); user messages and system prompts are random ids. The
+    first turn arrives at the conversation's start; every later turn ``follows`` the
+    previous one and arrives ``think`` steps after it finished. Requests are numbered
+    conversation by conversation.
     """
     shape = MultiTurnShape() if shape is None else shape
     if not isinstance(shape, MultiTurnShape):

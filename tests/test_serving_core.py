@@ -1,5 +1,6 @@
-"""The serving core's own contract (``course_lib.serving``): its two modes, what it refuses,
-and the pieces it added to the scheduler, the manager and the pool."""
+"""The serving cores' own contract (``course_lib.serving``, ``course_lib.lazy_serving``): the
+eager and the lazy core, what they refuse, and the pieces they added to the scheduler, the
+manager and the pool."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from course_lib.lazy_serving import LazyServingCore
 from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager, block_hashes
 from course_lib.scheduler import Scheduler, SchedulerConfig
@@ -26,21 +28,24 @@ def draw(index: int, req: ServingRequest, sample: Sample) -> None:
     req.append_token(sample, 7, ())
 
 
-def test_advance_takes_a_draw_in_eager_mode_and_none_in_lazy_mode() -> None:
-    for lazy in (False, True):
-        core = ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=lazy)
-        core.add(request(0, 3, 2))
-        schedule = core.schedule()
-        with pytest.raises(ValueError, match="a draw in eager mode and none in lazy mode"):
-            core.advance(schedule, None if not lazy else draw)
+def test_the_eager_core_needs_a_draw() -> None:
+    core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
+    core.add(request(0, 3, 2))
+    schedule = core.schedule()
+    with pytest.raises(ValueError, match="advance needs a draw, got None"):
+        core.advance(schedule, None)  # type: ignore[arg-type]
+    core.retire(core.advance(schedule, draw))  # the refused call changed nothing
+    assert core.requests[0].samples[0].tokens == [0, 1, 2, 7]
 
 
 def test_swap_is_refused_for_a_pool_with_kv_and_bad_settings_are_named() -> None:
     with pytest.raises(ValueError, match="preemption='swap' is modelled only for pools without"):
         ServingCore(SchedulerConfig(preemption="swap"),
                     BlockPool(8, 4, num_kv_heads=1, head_dim=4, num_layers=1))
-    with pytest.raises(ValueError, match="lazy must be a bool, got 1"):
-        ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunked_prefill must be a bool, got 1"):
+        ServingCore(SchedulerConfig(), BlockPool(8, 4), chunked_prefill=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="closed_loop must be a bool, got 1"):
+        LazyServingCore(SchedulerConfig(), BlockPool(8, 4), closed_loop=1)  # type: ignore[arg-type]
     core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
     with pytest.raises(ValueError, match="request id 3 is not the next one"):
         core.add(request(3, 2, 2))
@@ -49,12 +54,12 @@ def test_swap_is_refused_for_a_pool_with_kv_and_bad_settings_are_named() -> None
     assert not core.requests and not core.unfinished
 
 
-def test_a_lazy_caching_core_takes_only_requests_that_share_nothing() -> None:
-    core = ServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4), lazy=True)
+def test_a_lazy_core_takes_one_sample_and_with_caching_a_salt_of_its_own() -> None:
+    core = LazyServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4))
     mine = request(0, 3, 2)
-    for bad, why in ((request(0, 3, 2, n=2), "2 samples, cache_salt=None"),
-                     (mine, "1 samples, cache_salt=None")):
-        with pytest.raises(ValueError, match=f"one sample per request .* got {why}"):
+    for bad, why in ((request(0, 3, 2, n=2), "one sample per request; got 2 samples"),
+                     (mine, "a cache salt of its own .* got cache_salt=None")):
+        with pytest.raises(ValueError, match=why):
             core.add(bad)
     mine.cache_salt = "a"
     core.add(mine)
@@ -62,8 +67,12 @@ def test_a_lazy_caching_core_takes_only_requests_that_share_nothing() -> None:
     again.cache_salt = "a"
     with pytest.raises(ValueError, match="cache_salt='a'"):
         core.add(again)
-    assert len(core.requests) == 1
-    ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=True).add(request(0, 3, 2, n=2))
+    assert len(core.requests) == 1 and list(core.unfinished) == [0]
+    with pytest.raises(ValueError, match="one sample per request; got 2 samples"):
+        LazyServingCore(SchedulerConfig(), BlockPool(8, 4)).add(request(0, 3, 2, n=2))
+    closed = LazyServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4), closed_loop=True)
+    closed.add(request(0, 3, 2))  # a closed loop shares blocks: no salt needed
+    assert closed.unfinished == {0: None}
 
 
 def test_the_last_token_never_counts_against_the_pool() -> None:
@@ -74,17 +83,16 @@ def test_the_last_token_never_counts_against_the_pool() -> None:
         core.check_fits(request(0, 5, 5))
 
 
-@pytest.mark.parametrize("lazy", [False, True])
-def test_decodes_sit_out_a_step_when_they_alone_exceed_the_budget(lazy: bool) -> None:
+def test_decodes_sit_out_a_step_when_they_alone_exceed_the_budget() -> None:
     """Four samples of one request, a budget of 3 tokens: one decode waits each step, the
     budget always holds, and every sample still gets all its tokens."""
-    core = ServingCore(SchedulerConfig(max_num_batched_tokens=3), BlockPool(16, 4), lazy=lazy)
+    core = ServingCore(SchedulerConfig(max_num_batched_tokens=3), BlockPool(16, 4))
     core.add(request(0, 3, 5, n=4))
     steps = 0
     while core.unfinished:
         schedule = core.schedule()
         assert schedule.num_tokens <= 3
-        core.retire(core.advance(schedule, None if lazy else draw))
+        core.retire(core.advance(schedule, draw))
         steps += 1
     assert [len(s.tokens) for s in core.requests[0].samples] == [8] * 4
     assert core.pool.num_used == 0 and steps > 5
@@ -123,7 +131,7 @@ def test_swap_takes_only_requests_of_one_sample() -> None:
 
 def test_a_lazy_core_touches_a_decode_only_at_its_events() -> None:
     """Between block claims a lazy decode is not listed and its tokens catch up later."""
-    core = ServingCore(SchedulerConfig(), BlockPool(8, 4), lazy=True)
+    core = LazyServingCore(SchedulerConfig(), BlockPool(8, 4))
     core.add(request(0, 3, 9))
     listed = []
     while core.unfinished:
@@ -185,41 +193,45 @@ def test_a_range_of_token_ids_is_checked_by_its_ends(ids: range, message: str) -
 
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "add", "abort", "step", "step", "step"]),
-                              st.integers(1, 14), st.integers(1, 9), st.integers(1, 3),
-                              st.integers(0, 2)), min_size=8, max_size=40),
-       caching=st.booleans(), chunked=st.booleans(), budget=st.sampled_from([None, 6, 20]),
-       policy=st.sampled_from(["fcfs", "priority"]), block_size=st.sampled_from([2, 4]))
-def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunked: bool,
-                                                      budget: int | None, policy: str,
+                              st.integers(1, 14), st.integers(1, 9), st.integers(0, 2)),
+                    min_size=8, max_size=40),
+       caching=st.booleans(), budget=st.sampled_from([None, 16, 20]),
+       policy=st.sampled_from(["fcfs", "priority"]),
+       preemption=st.sampled_from(["recompute", "swap"]), block_size=st.sampled_from([2, 4]))
+def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, budget: int | None,
+                                                      policy: str, preemption: str,
                                                       block_size: int) -> None:
-    """Requests added at any time (parallel samples without caching, a salt each with it,
-    priorities), aborts and steps, chunked or not, under a budget: the lazy core (positions
-    as tokens) makes every decision the eager one makes with the same tokens drawn, and
-    both drain clean."""
-    config = SchedulerConfig(policy=policy, max_num_batched_tokens=budget)  # type: ignore[arg-type]
+    """Requests added at any time (a salt each with caching, priorities), aborts and steps,
+    under a budget, preempting by recompute or swap: the lazy core (positions as tokens)
+    makes every decision the eager one makes with the same tokens drawn, its tables caught
+    up match after every call, and both drain clean."""
+    config = SchedulerConfig(policy=policy, preemption=preemption,  # type: ignore[arg-type]
+                             max_num_batched_tokens=budget)
     pool_type = PrefixCachingBlockPool if caching else BlockPool
-    cores = [ServingCore(config, pool_type(10, block_size), chunked_prefill=chunked, lazy=lazy)
-             for lazy in (False, True)]
-    if budget is not None and not chunked:
-        ops = [op for op in ops if op[0] != "add" or op[1] + op[2] - 1 <= budget]
+    eager = ServingCore(config, pool_type(10, block_size), chunked_prefill=False)
+    lazy = LazyServingCore(config, pool_type(10, block_size))
 
-    def step(core: ServingCore) -> tuple:
-        schedule = core.schedule()
-        if not core.lazy:  # every chunk is listed: they add up to the step, within budget
-            assert schedule.num_tokens == sum(c.count for c in schedule.chunks)
-            assert budget is None or schedule.num_tokens <= budget
-        new = core.advance(schedule, None if core.lazy else
-                           lambda i, r, s: r.append_token(s, len(s.tokens), ()))
-        done = [r.request_id for r, finished in core.retire(new) if finished]
-        return schedule.admitted, schedule.preempted, schedule.num_tokens, done
+    def step() -> tuple:
+        schedule = eager.schedule()
+        assert schedule.num_tokens == sum(c.count for c in schedule.chunks)
+        assert budget is None or schedule.num_tokens <= budget
+        new = eager.advance(schedule, lambda i, r, s: r.append_token(s, len(s.tokens), ()))
+        done = [r.request_id for r, finished in eager.retire(new) if finished]
+        lazy_schedule = lazy.schedule()
+        lazy_done = [r.request_id for r in lazy.retire(lazy.advance(lazy_schedule))]
+        assert [(s.admitted, s.preempted, s.num_tokens, s.swapped_out, s.swapped_in)
+                for s in (schedule, lazy_schedule)] == [
+            (lazy_schedule.admitted, lazy_schedule.preempted, lazy_schedule.num_tokens,
+             lazy_schedule.swapped_out, lazy_schedule.swapped_in)] * 2
+        assert done == lazy_done
 
-    def add(core: ServingCore, prompt: int, max_tokens: int, n: int, priority: int) -> bool:
-        tokens = range(prompt)  # without caching, every prompt starts 0, 1, 2, ...
+    def add(core: ServingCore | LazyServingCore, prompt: int, max_tokens: int,
+            priority: int) -> bool:
         index = len(core.requests)
-        n, salt = (1, f"request {index}") if caching else (n, None)  # a lazy core's terms
-        samples = [Sample(f"r{index}.{k}", list(tokens) if not core.lazy else Positions(prompt))
-                   for k in range(n)]
-        queued = ServingRequest(index, tokens, max_tokens, priority, samples, cache_salt=salt)
+        tokens = range(prompt)  # every prompt starts 0, 1, 2, ...: only its salt is its own
+        sample = Sample(f"r{index}", list(tokens) if core is eager else Positions(prompt))
+        queued = ServingRequest(index, tokens, max_tokens, priority, [sample],
+                                cache_salt=f"request {index}" if caching else None)
         try:
             core.check_fits(queued)
         except ValueError:
@@ -227,23 +239,24 @@ def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, chunke
         core.add(queued)
         return True
 
-    for kind, a, b, c, d in ops:
+    for kind, a, b, c in ops:
         if kind == "add":
-            assert len({add(core, a, b, c, d) for core in cores}) == 1
-        elif kind == "abort" and cores[0].unfinished:
-            victim = sorted(cores[0].unfinished)[a % len(cores[0].unfinished)]
-            for core in cores:
+            assert len({add(core, a, b, c) for core in (eager, lazy)}) == 1
+        elif kind == "abort" and eager.unfinished:
+            victim = sorted(eager.unfinished)[a % len(eager.unfinished)]
+            for core in (eager, lazy):
                 core.abort(victim)
-        elif kind == "step" and cores[0].unfinished:
-            assert step(cores[0]) == step(cores[1])
-        eager, lazy = cores
+        elif kind == "step" and eager.unfinished:
+            step()
         lazy.sync_all()
         assert {s: eager.manager.block_table(s) for s in eager.manager.sequences} == {
             s: lazy.manager.block_table(s) for s in lazy.manager.sequences}
         assert eager.pool.free_blocks() == lazy.pool.free_blocks()
-    while cores[0].unfinished:
-        assert step(cores[0]) == step(cores[1])
-    for eager_request, lazy_request in zip(*(core.requests for core in cores), strict=True):
+    while eager.unfinished:
+        step()
+    for eager_request, lazy_request in zip(eager.requests, lazy.requests, strict=True):
         assert [list(s.tokens) for s in eager_request.samples] == [
             list(s.tokens[:]) for s in lazy_request.samples]
-    assert all(core.pool.num_used == 0 and not core.unfinished for core in cores)
+        assert [s.finish_reason for s in eager_request.samples] == [
+            s.finish_reason for s in lazy_request.samples]
+    assert not lazy.unfinished and eager.pool.num_used == lazy.pool.num_used == 0
