@@ -94,6 +94,8 @@ class LazyServingCore(BaseServingCore):
     def schedule(self) -> Schedule:
         """This step's block claims (preempting while the pool is empty), then, unless
         someone was preempted, its admissions; only those are listed as chunks."""
+        if self.clock not in self._claims and not self.scheduler.num_waiting:
+            return Schedule((), len(self._decoding), (), (), {}, {})  # a step of decodes only
         limit = self.config.max_num_batched_tokens
         step = _Step(sys.maxsize if limit is None else limit, set())
         self._claim_blocks(step)

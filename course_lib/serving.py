@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import (
@@ -127,19 +127,18 @@ class Chunk:
     loaded: int = 0  # blocks after the hit copied back from the pool's CPU tier
 
 
-@dataclass(frozen=True, slots=True)
-class Schedule:
+class Schedule(NamedTuple):
     """What one step computes: the chunks (a lazy core, ``course_lib.lazy_serving``, lists
     only prefills and the decodes that claim a block), every token it computes, the
     requests admitted and preempted, and the blocks moved to and from swap space by
-    request."""
+    request. Immutable and cheap to make (a step makes one, a simulation thousands)."""
 
     chunks: tuple[Chunk, ...]
     num_tokens: int
     admitted: tuple[int, ...]
     preempted: tuple[int, ...]
-    swapped_out: dict[int, int] = field(default_factory=dict)
-    swapped_in: dict[int, int] = field(default_factory=dict)
+    swapped_out: dict[int, int]
+    swapped_in: dict[int, int]
 
 
 @dataclass(slots=True)
