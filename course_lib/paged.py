@@ -163,23 +163,24 @@ class BlockPool:
         block is handed out next and its first (cached) block is evicted last.
         """
         ids = self._checked_batch(block_ids)
-        ref, queue, events, front = self._ref, self._free, self._events, []
-        vllm, cached = self.free_order == "vllm", self._is_cached
+        ref, queue, events, freed = self._ref, self._free, self._events, []
         for block_id in ids:
             ref[block_id] -= 1
             if not ref[block_id]:
                 queue[block_id] = None
                 events[block_id] = "freed"
-                if vllm and not cached(block_id):
-                    front.append(block_id)
-        for block_id in reversed(front):
-            queue.move_to_end(block_id, last=False)
+                freed.append(block_id)
+        if self.free_order == "vllm":
+            for block_id in reversed(self._uncached(freed)):
+                queue.move_to_end(block_id, last=False)
 
     def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
         """``block_ids`` as a list, if each is held at least as often as it is named."""
         ids = check_list("block_ids", block_ids)
-        for block_id in ids:
-            self._check_held(block_id)
+        ref, limit = self._ref, self.num_blocks
+        if not all(type(b) is int and 0 < b < limit and ref[b] for b in ids):  # fast path
+            for block_id in ids:
+                self._check_held(block_id)  # names the first bad id
         if len(set(ids)) != len(ids):
             for block_id, count in Counter(ids).items():
                 if count > self._ref[block_id]:
@@ -200,6 +201,10 @@ class BlockPool:
     def _is_cached(self, block_id: int) -> bool:
         """Whether ``block_id`` carries a hash a later request could find (never, here)."""
         return False
+
+    def _uncached(self, block_ids: list[int]) -> list[int]:
+        """The blocks of ``block_ids`` that carry no hash, in order (all of them, here)."""
+        return block_ids
 
     def share(self, block_id: int) -> None:
         """Add a reference to a block some sequence already holds (fork)."""
@@ -404,13 +409,15 @@ class PagedKVManager(SequenceLookup):
             tracked = "tracks" if seq.token_ids is not None else "does not track"
             raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
-        size = self.block_size
-        cow = seq.length % size != 0 and self.pool.ref_count(seq.table[-1]) > 1
-        new_blocks = -(-(seq.length + count) // size) - len(seq.table)  # counts checked above
+        pool, table = self.pool, seq.table
+        size = pool.block_size
+        cow = seq.length % size != 0 and pool.ref_count(table[-1]) > 1
+        new_blocks = -(-(seq.length + count) // size) - len(table)  # counts checked above
         self._require_free(new_blocks + int(cow))
         if cow:
-            seq.table[-1] = self.pool.copy_on_write(seq.table[-1])
-        seq.table.extend(self.pool.allocate() for _ in range(new_blocks))
+            table[-1] = pool.copy_on_write(table[-1])
+        for _ in range(new_blocks):
+            table.append(pool.allocate())
         seq.length += count
         if seq.token_ids is not None and ids is not None:
             seq.token_ids.extend(ids)

@@ -161,6 +161,11 @@ class PrefixCachingBlockPool(BlockPool):
         """Whether ``block_id`` carries a hash (so it joins the back of the free queue)."""
         return block_id in self._hash_of
 
+    def _uncached(self, block_ids: list[int]) -> list[int]:
+        """The blocks of ``block_ids`` that carry no hash, in order."""
+        hashed = self._hash_of
+        return [b for b in block_ids if b not in hashed]
+
     def block_hash(self, block_id: int) -> BlockHash | None:
         """The hash ``block_id`` carries, or None."""
         self._check_id(block_id)
