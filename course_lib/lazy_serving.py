@@ -87,7 +87,13 @@ class LazyServingCore(BaseServingCore):
             raise ValueError(f"request {request.request_id}: a lazy core with prefix caching "
                              f"takes a cache salt of its own per request (the simulator's "
                              f"requests share nothing); got cache_salt={salt!r}")
-        self._salts.add(salt)
+
+    def add(self, request: ServingRequest) -> None:
+        """Queue a request checked by ``check_fits``, numbered ``len(requests)`` (its cache
+        salt is taken from then on, with prefix caching outside a closed loop)."""
+        super().add(request)
+        if self._caching and not self.closed_loop:
+            self._salts.add(request.cache_salt)
 
     # --- one step ------------------------------------------------------------------------
 
@@ -169,15 +175,17 @@ class LazyServingCore(BaseServingCore):
         def has_free() -> bool:
             return pool.num_free > 0
 
+        caching = self._caching
         for entry in due:
             index = entry.request.request_id
             if index not in running:
                 continue  # preempted earlier in this step
-            self._catch_up(entry, clock)
+            if caching:
+                self._catch_up(entry, clock)  # its new block's hash needs its token ids
             if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
             sample = entry.sample
-            start = sample.computed  # a multiple of the block size: a new block
+            start = sample.computed + clock - entry.since  # a multiple of the block size
             self._append(sample, start + 1)
             step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
             entry.claim = clock + size

@@ -181,8 +181,16 @@ class Scheduler:
         """Register one more request (an online arrival) and queue it; returns its index."""
         if not isinstance(request, Request):
             raise ValueError(f"request must be a workload Request, got {request!r}")
+        return self.enqueue(request.priority, request.arrival)
+
+    def enqueue(self, priority: int, arrival: int) -> int:
+        """Register one more request by what its order needs (its priority and arrival)
+        and queue it; returns its index. The serving cores add requests this way."""
+        if type(priority) is not int:
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        check_int("arrival", arrival, 0)
         index = len(self._keys)
-        self._keys.append((request.priority, request.arrival, index))
+        self._keys.append((priority, arrival, index))
         self.arrive(index)
         return index
 

@@ -50,7 +50,6 @@ from course_lib.rollback import UndoablePool, UndoLog, saved_fields, saved_manag
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace, kv_manager
 from course_lib.tier import TieredBlockPool
 from course_lib.validate import check_int
-from course_lib.workload import Request
 
 FinishReason = Literal["length", "stop", "abort"]
 
@@ -209,10 +208,10 @@ class BaseServingCore:
             raise ValueError(f"request id {request.request_id} is not the next one "
                              f"({len(self.requests)})")
         check_int("max_tokens", request.max_tokens, 1)
+        if not len(request.prompt):
+            raise ValueError(f"request {request.request_id}: the prompt holds no token")
         self._check_supported(request)
-        self.scheduler.add(Request(request.request_id, len(request.prompt),
-                                   request.max_tokens, arrival=request.request_id,
-                                   priority=request.priority))
+        self.scheduler.enqueue(request.priority, request.request_id)
         self.requests.append(request)
         self.unfinished[request.request_id] = None
         for sample in request.samples:

@@ -260,3 +260,18 @@ def test_lazy_and_eager_cores_agree_on_any_online_run(ops, caching: bool, budget
         assert [s.finish_reason for s in eager_request.samples] == [
             s.finish_reason for s in lazy_request.samples]
     assert not lazy.unfinished and eager.pool.num_used == lazy.pool.num_used == 0
+
+
+def test_a_core_refuses_an_empty_prompt_or_a_priority_that_is_not_an_integer() -> None:
+    for core in (ServingCore(SchedulerConfig(), BlockPool(8, 4)),
+                 LazyServingCore(SchedulerConfig(), BlockPool(8, 4))):
+        with pytest.raises(ValueError, match="request 0: the prompt holds no token"):
+            core.add(ServingRequest(0, (), 2, 0, [Sample("a", [])]))
+        with pytest.raises(ValueError, match=r"priority must be an integer, got 1\.5"):
+            core.add(ServingRequest(0, (1,), 2, 1.5, [Sample("a", [1])]))  # type: ignore[arg-type]
+        assert not core.requests and not core.unfinished and not core.scheduler.num_waiting
+    caching = LazyServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4))
+    with pytest.raises(ValueError, match="priority must be an integer"):
+        caching.add(ServingRequest(0, (1,), 2, None, [Sample("a", [1])], "mine"))  # type: ignore[arg-type]
+    caching.add(ServingRequest(0, (1,), 2, 0, [Sample("a", [1])], "mine"))  # the salt is free
+    assert caching.unfinished == {0: None}
