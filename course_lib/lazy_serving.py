@@ -6,9 +6,10 @@ does not touch it. A decoding request is one slotted record (:class:`_Decoding`)
 at whose start its sample's ``computed`` and ``tokens`` were last exact, the step whose
 token starts its next block, and the step that draws its last token. The record is filed
 under those two steps; when one comes, the request claims its block (preempting, most
-protected first, as :class:`~course_lib.serving.ServingCore` does) or finishes, and only
-then are its tokens and its block table caught up. The same happens when it is preempted
-or aborted. A request's new tokens are its positions (the caller draws nothing).
+protected first, as :class:`~course_lib.serving.ServingCore` does) or finishes. Its block
+table grows at its claims; its tokens are caught up when it finishes, is preempted or
+aborted (and at each claim with prefix caching, whose hashes need the token ids). A
+request's new tokens are its positions (the caller draws nothing).
 
 It schedules exactly as the eager core does (``tests/test_serving_core_differential.py``
 holds the two to the same block tables after every step) for the requests it takes: one

@@ -275,3 +275,6 @@ def test_a_core_refuses_an_empty_prompt_or_a_priority_that_is_not_an_integer() -
         caching.add(ServingRequest(0, (1,), 2, None, [Sample("a", [1])], "mine"))  # type: ignore[arg-type]
     caching.add(ServingRequest(0, (1,), 2, 0, [Sample("a", [1])], "mine"))  # the salt is free
     assert caching.unfinished == {0: None}
+    with pytest.raises(ValueError, match="arrival must be an integer >= 0, got -1"):
+        caching.scheduler.enqueue(0, -1)
+    assert caching.scheduler.num_waiting == 1
