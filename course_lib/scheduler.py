@@ -315,6 +315,10 @@ class Scheduler:
 
     def stop(self, index: int) -> None:
         """Remove a finished or preempted request from the running set."""
+        if type(index) is int and index in self.running:  # the common case, at once
+            del self.running[index]
+            del self._rank[index]
+            return
         check_int("request index", index, 0)
         if index not in self.running:
             raise ValueError(f"request {index!r} is not running")
