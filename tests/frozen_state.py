@@ -22,7 +22,11 @@ def freeze(obj: object) -> object:
     if isinstance(obj, set | frozenset):
         return ("set", frozenset(obj))
     if dataclasses.is_dataclass(obj) or type(obj).__module__.startswith("course_lib"):
-        state = vars(obj) if hasattr(obj, "__dict__") else {  # a dataclass with slots
-            f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        if hasattr(obj, "__dict__"):
+            state = vars(obj)
+        else:  # slots: a dataclass's fields, or a plain class's slots
+            names = ([f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj)
+                     else type(obj).__slots__)
+            state = {name: getattr(obj, name) for name in names}
         return (type(obj).__name__, freeze(state))
     return obj

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from course_lib.kv_math import blocks_needed
+from course_lib.lazy_serving import LazyServingCore
 from course_lib.paged import NULL_BLOCK, TOKEN_ID_LIMIT, BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
     PrefixCachingBlockPool,
@@ -28,6 +29,7 @@ from course_lib.prefix_cache import (
 )
 from course_lib.scheduler import Scheduler, SchedulerConfig
 from course_lib.serving import Sample, ServingCore, ServingRequest
+from course_lib.simulator import Positions
 from course_lib.workload import Request
 from tests.frozen_state import freeze
 
@@ -610,3 +612,60 @@ class ServingCoreMachine(RuleBasedStateMachine):
 
 TestRefusedServingCoreCalls = ServingCoreMachine.TestCase
 TestRefusedServingCoreCalls.settings = SETTINGS
+
+
+class LazyServingCoreMachine(ServingCoreMachine):
+    """The same for the simulator's lazy core (one sample per request, its own cache salt
+    with caching, recompute or swap), and refused adds too: two samples, a salt already
+    taken, a priority that is no integer, an empty prompt."""
+
+    @initialize(policy=st.sampled_from(["fcfs", "priority"]), caching=st.booleans(),
+                 preemption=st.sampled_from(["recompute", "swap"]))
+    def start(self, policy: str, caching: bool, preemption: str) -> None:  # type: ignore[override]
+        pool = (PrefixCachingBlockPool if caching else BlockPool)(NUM_BLOCKS, BLOCK)
+        self.core = LazyServingCore(SchedulerConfig(  # type: ignore[assignment]
+            policy=policy, preemption=preemption, max_num_batched_tokens=6), pool)  # type: ignore[arg-type]
+
+    @precondition(lambda self: len(self.core.requests) < 6)
+    @rule(prompt=st.integers(1, 6), max_tokens=st.integers(1, 4), priority=st.integers(0, 2))
+    def add(self, prompt: int, max_tokens: int, priority: int) -> None:  # type: ignore[override]
+        index = len(self.core.requests)
+        request = ServingRequest(index, range(prompt), max_tokens, priority,
+                                 [Sample(f"r{index}", Positions(prompt))], f"salt {index}")
+        try:
+            self.core.check_fits(request)
+        except ValueError:
+            return
+        self.core.add(request)
+
+    @rule(kind=st.sampled_from(["two samples", "salt taken", "priority", "empty prompt"]))
+    def refused_add(self, kind: str) -> None:
+        core = self.core
+        index = len(core.requests)
+        samples = [Sample(f"r{index}", Positions(2))]
+        salt, priority, prompt = f"salt {index}", 0, range(2)
+        if kind == "two samples":
+            samples.append(Sample(f"r{index}.1", Positions(2)))
+        elif kind == "salt taken":
+            if not core._caching or not index:
+                return
+            salt = "salt 0"
+        elif kind == "priority":
+            priority = 0.5  # type: ignore[assignment]
+        else:
+            prompt, samples = range(0), [Sample(f"r{index}", Positions(0))]
+        note(f"refused: add with {kind}")
+        before = freeze(vars(core))
+        with pytest.raises(ValueError):
+            core.add(ServingRequest(index, prompt, 2, priority, samples, salt))
+        assert freeze(vars(core)) == before, f"an add with {kind} changed the core"
+
+    @precondition(lambda self: self.core.unfinished)
+    @rule()
+    def step(self) -> None:
+        core = self.core
+        core.retire(core.advance(core.schedule()))  # type: ignore[call-arg]
+
+
+TestRefusedLazyServingCoreCalls = LazyServingCoreMachine.TestCase
+TestRefusedLazyServingCoreCalls.settings = SETTINGS
