@@ -146,6 +146,21 @@ class BlockPool:
         self._events[block_id] = "allocated"
         return block_id
 
+    def allocate_many(self, count: int) -> list[int]:
+        """Take ``count`` blocks from the front of the free queue, as ``count`` calls of
+        ``allocate`` would, or raise ``OutOfBlocks`` and take none (a prompt's blocks in
+        one call)."""
+        free = self._free
+        if check_int("count", count, 0) > len(free):
+            raise OutOfBlocks(count, len(free))
+        pop, ref, events, taken = free.popitem, self._ref, self._events, []
+        for _ in range(count):
+            block_id = pop(last=False)[0]
+            ref[block_id] = 1
+            events[block_id] = "allocated"
+            taken.append(block_id)
+        return taken
+
     def free(self, block_id: int) -> None:
         """Drop one reference; at zero the block joins the free queue (see ``_release``)."""
         self._check_held(block_id)
@@ -392,7 +407,7 @@ class PagedKVManager(SequenceLookup):
         length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
         needed = self.blocks_needed(length)
         self._require_free(needed)
-        self._install(seq_id, [self.pool.allocate() for _ in range(needed)], length, ids)
+        self._install(seq_id, self.pool.allocate_many(needed), length, ids)
         return 0
 
     def append_tokens(
@@ -416,8 +431,8 @@ class PagedKVManager(SequenceLookup):
         self._require_free(new_blocks + int(cow))
         if cow:
             table[-1] = pool.copy_on_write(table[-1])
-        for _ in range(new_blocks):
-            table.append(pool.allocate())
+        if new_blocks:
+            table += pool.allocate_many(new_blocks)
         seq.length += count
         if seq.token_ids is not None and ids is not None:
             seq.token_ids.extend(ids)

@@ -24,9 +24,10 @@ back).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,11 +103,38 @@ def extend_chain(
     hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, cache_salt: str | None
 ) -> None:
     """Append to ``hashes``, the chain of a prefix of ``token_ids``, the blocks that have
-    filled since (in place, so a growing sequence hashes each block once)."""
-    for index in range(len(hashes), len(token_ids) // block_size):
-        tokens = token_ids[index * block_size : (index + 1) * block_size]
-        salt = (cache_salt,) if index == 0 and cache_salt is not None else ()
-        hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, salt))
+    filled since (in place, so a growing sequence hashes each block once).
+
+    The same digests as ``hash_block_tokens``, one SHA-256 of the concatenated encoding per
+    block (the parent is checked once, the unsalted blocks share one packer): a simulation
+    hashes about 190,000 blocks."""
+    first, end = len(hashes), len(token_ids) // block_size
+    if first >= end:
+        return
+    parent = check_block_hash("parent", hashes[-1]) if hashes else ROOT_HASH
+    if first == 0 and cache_salt is not None:
+        parent = hash_block_tokens(None, token_ids[:block_size], (cache_salt,))
+        hashes.append(parent)
+        first = 1
+    pack, sha256 = _block_packer(block_size), hashlib.sha256
+    try:
+        for start in range(first * block_size, end * block_size, block_size):
+            parent = sha256(parent + pack(block_size, *token_ids[start : start + block_size])
+                            + _NO_KEYS).digest()
+            hashes.append(parent)
+    except struct.error:
+        block = list(token_ids[start : start + block_size])
+        raise ValueError(f"token ids must be integers in [0, 2**64), got {block!r}") from None
+
+
+_NO_KEYS = struct.pack("<Q", 0)
+"""The encoding of an empty list of extra keys."""
+
+
+@functools.cache
+def _block_packer(block_size: int) -> Callable[..., bytes]:
+    """Packs a full block's token count and ids as ``hash_block_tokens`` encodes them."""
+    return struct.Struct(f"<Q{block_size}Q").pack
 
 
 class PrefixCachingBlockPool(BlockPool):
@@ -133,14 +161,30 @@ class PrefixCachingBlockPool(BlockPool):
         block_id = super().allocate()
         block_hash = self._hash_of.pop(block_id, None)
         if block_hash is not None:
-            holders = self._blocks_of[block_hash]
-            del holders[block_id]
-            if not holders:
-                del self._blocks_of[block_hash]
-            self.num_evictions += 1
-            self._events[block_id] = "evicted"
-            self._evicted(block_id, block_hash)
+            self._evict(block_id, block_hash)
         return block_id
+
+    def allocate_many(self, count: int) -> list[int]:
+        """Take ``count`` front free blocks, evicting the hashes they still carry."""
+        taken = super().allocate_many(count)
+        hash_of = self._hash_of
+        if hash_of:
+            for block_id in taken:
+                block_hash = hash_of.pop(block_id, None)
+                if block_hash is not None:
+                    self._evict(block_id, block_hash)
+        return taken
+
+    def _evict(self, block_id: int, block_hash: BlockHash) -> None:
+        """Drop a handed-out block from ``block_hash``'s holders (``_hash_of`` already
+        forgot it)."""
+        holders = self._blocks_of[block_hash]
+        del holders[block_id]
+        if not holders:
+            del self._blocks_of[block_hash]
+        self.num_evictions += 1
+        self._events[block_id] = "evicted"
+        self._evicted(block_id, block_hash)
 
     def _evicted(self, block_id: int, block_hash: BlockHash) -> None:
         """Called when ``block_id`` loses ``block_hash`` to a new owner, before anyone writes
@@ -149,13 +193,30 @@ class PrefixCachingBlockPool(BlockPool):
 
     def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that held, full block ``block_id`` holds ``block_hash``."""
-        self._check_held(block_id)
-        check_block_hash("block_hash", block_hash)
-        current = self._hash_of.get(block_id)
-        if current is not None and current != block_hash:
-            raise ValueError(f"block {block_id} already holds a different hash")
-        self._hash_of[block_id] = block_hash
-        self._blocks_of.setdefault(block_hash, {})[block_id] = None
+        self.cache_blocks([block_id], [check_block_hash("block_hash", block_hash)])
+
+    def cache_blocks(self, block_ids: Sequence[int], hashes: Sequence[BlockHash]) -> None:
+        """``cache_block`` for each pair of ``block_ids`` and ``hashes``, all checked first
+        (a refused call records nothing): the blocks of a prompt in one call."""
+        hash_of, blocks_of = self._hash_of, self._blocks_of
+        for block_id, block_hash in zip(*self._checked_pairs(block_ids, hashes), strict=True):
+            hash_of[block_id] = block_hash
+            blocks_of.setdefault(block_hash, {})[block_id] = None
+
+    def _checked_pairs(self, block_ids: Sequence[int],
+                       hashes: Sequence[BlockHash]) -> tuple[list[int], list[BlockHash]]:
+        """``cache_blocks``' arguments as lists, if every block is held and carries no
+        other hash, else a ValueError naming the first bad one."""
+        ids, hashes = check_list("block_ids", block_ids), check_block_hashes("hashes", hashes)
+        if len(ids) != len(hashes):
+            raise ValueError(f"{len(ids)} block ids but {len(hashes)} hashes")
+        hash_of = self._hash_of
+        for block_id, block_hash in zip(ids, hashes, strict=True):
+            self._check_held(block_id)
+            current = hash_of.get(block_id)
+            if current is not None and current != block_hash:
+                raise ValueError(f"block {block_id} already holds a different hash")
+        return ids, hashes
 
     def _is_cached(self, block_id: int) -> bool:
         """Whether ``block_id`` carries a hash (so it joins the back of the free queue)."""
@@ -281,12 +342,11 @@ class PrefixCachingKVManager(PagedKVManager):
         fresh = self.blocks_needed(length) - len(hit)
         self._require_free(fresh + revived)
         self.pool.touch(hit)
-        table = hit + [self.pool.allocate() for _ in range(fresh)]
+        table = hit + self.pool.allocate_many(fresh)
         self._install(seq_id, table, length, ids)
         self._salts[seq_id] = cache_salt
         self._hashes[seq_id] = hashes
-        for index in range(len(hit), len(hashes)):  # the full blocks it did not reuse
-            self.pool.cache_block(table[index], hashes[index])
+        self.pool.cache_blocks(table[len(hit):len(hashes)], hashes[len(hit):])  # not reused
         hit_tokens = len(hit) * self.block_size
         self._queries += 1
         self._query_tokens += length
@@ -327,8 +387,8 @@ class PrefixCachingKVManager(PagedKVManager):
         hashes = self._hashes[seq_id]
         done = len(hashes)
         extend_chain(hashes, seq.token_ids, self.block_size, self._salts[seq_id])
-        for index in range(done, len(hashes)):
-            self.pool.cache_block(seq.table[index], hashes[index])
+        if len(hashes) > done:
+            self.pool.cache_blocks(seq.table[done:len(hashes)], hashes[done:])
 
     def _cached_hash(self, block_id: int) -> str | None:
         """Hex hash of a cached block, for snapshots."""

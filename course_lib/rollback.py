@@ -25,9 +25,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from course_lib.paged import BlockPool, PagedKVManager
-from course_lib.prefix_cache import BlockHash, PrefixCachingBlockPool, PrefixCachingKVManager
+from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
+from course_lib.prefix_cache import (
+    BlockHash,
+    PrefixCachingBlockPool,
+    PrefixCachingKVManager,
+)
 from course_lib.tier import TieredBlockPool
+from course_lib.validate import check_int
 
 _ABSENT = object()
 
@@ -96,6 +101,13 @@ class UndoablePool:
         self._note_hash(log, block_id)
         log.add(lambda: self._requeue_front(block_id))
         return super().allocate()
+
+    def allocate_many(self, count: int) -> list[int]:
+        if self.undo_log is None:
+            return super().allocate_many(count)
+        if check_int("count", count, 0) > self.num_free:
+            raise OutOfBlocks(count, self.num_free)
+        return [self.allocate() for _ in range(count)]
 
     def _requeue_front(self, block_id: int) -> None:
         """Put a handed-out block back at the front of the free queue."""
@@ -185,14 +197,16 @@ class UndoablePrefixCachingBlockPool(UndoablePool, PrefixCachingBlockPool):
                 self._blocks_of[block_hash] = dict.fromkeys(order)
         log.add(undo)
 
-    def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
+    def cache_blocks(self, block_ids: Any, hashes: Any) -> None:
         log = self.undo_log
         if log is not None:
-            self._check_held(block_id)
-            self._note_holders(log, block_hash)
-            old = self._hash_of.get(block_id, _ABSENT)
-            log.add(lambda: restore_key(self._hash_of, block_id, old))
-        super().cache_block(block_id, block_hash)
+            block_ids, hashes = self._checked_pairs(block_ids, hashes)
+            for block_id, block_hash in zip(block_ids, hashes, strict=True):
+                self._note_holders(log, block_hash)
+                old = self._hash_of.get(block_id, _ABSENT)
+                log.add(lambda block_id=block_id, old=old:
+                        restore_key(self._hash_of, block_id, old))
+        super().cache_blocks(block_ids, hashes)
 
     def touch(self, block_ids: Any) -> None:
         log = self.undo_log

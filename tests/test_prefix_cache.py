@@ -17,6 +17,9 @@ from course_lib.prefix_cache import (
     block_hashes,
     hash_block_tokens,
 )
+from course_lib.rollback import UndoLog, undoable
+from course_lib.tier import CpuTier, TieredBlockPool
+from tests.frozen_state import freeze
 
 
 def _manager(num_blocks: int = 8, block_size: int = 4) -> PrefixCachingKVManager:
@@ -367,3 +370,98 @@ def test_cached_block_names_the_oldest_holder_of_a_hash_or_none() -> None:
     assert pool.cached_block(digest) == second == pool.longest_cached_prefix([digest])[0]
     with pytest.raises(ValueError, match="block_hash must be a 32-byte block hash"):
         pool.cached_block(b"short")
+
+
+# --- batch calls ------------------------------------------------------------------------
+
+
+POOL_KINDS = ["plain", "caching", "tiered", "undoable, logging"]
+
+
+def _pool_of(kind: str) -> BlockPool:
+    if kind == "plain":
+        return BlockPool(7, 2)
+    if kind == "tiered":
+        return TieredBlockPool(7, 2, tier=CpuTier(3 * 8), block_bytes=8)
+    pool = (undoable(PrefixCachingBlockPool) if kind.startswith("undoable")
+            else PrefixCachingBlockPool)(7, 2)
+    if kind.endswith("logging"):
+        pool.attach(UndoLog())
+    return pool
+
+
+def _pool_state(pool: BlockPool) -> object:
+    state = {name: value for name, value in vars(pool).items() if name != "undo_log"}
+    if isinstance(pool, TieredBlockPool):
+        state["tier"] = pool.tier.hashes()
+    return freeze(state)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(kind=st.sampled_from(POOL_KINDS),
+       ops=st.lists(st.tuples(st.sampled_from(["allocate", "free", "cache"]),
+                              st.integers(-1, 7), st.integers(0, 3)), max_size=30))
+def test_batch_calls_equal_their_single_calls(kind: str, ops: list[tuple[str, int, int]]) -> None:
+    """``allocate_many`` and ``cache_blocks`` leave a pool exactly as the same single calls
+    would (ids, queue order, evictions, events, holders' order, the tier), refuse what the
+    single calls would, and a refused batch changes nothing."""
+    batch, single = _pool_of(kind), _pool_of(kind)
+    for step, (op, count, pick) in enumerate(ops):
+        held = [b for b in range(1, 7) if batch.ref_count(b)]
+        before = _pool_state(batch)
+        if op == "allocate":
+            if not 0 <= count <= batch.num_free:
+                with pytest.raises((OutOfBlocks, ValueError)):
+                    batch.allocate_many(count)
+                assert _pool_state(batch) == before
+                continue
+            assert batch.allocate_many(count) == [single.allocate() for _ in range(count)]
+        elif op == "free" and held:
+            blocks = held[pick % len(held):]
+            batch.free_batch(blocks)
+            single.free_batch(blocks)
+        elif op == "cache" and held and isinstance(batch, PrefixCachingBlockPool):
+            blocks = held[pick % len(held):]
+            digests = [hashlib.sha256(f"{b}@{step // 3}".encode()).digest() for b in blocks]
+            if any(batch.block_hash(b) not in (None, d) for b, d in zip(blocks, digests,
+                                                                       strict=True)):
+                with pytest.raises(ValueError, match="already holds a different hash"):
+                    batch.cache_blocks(blocks, digests)
+                assert _pool_state(batch) == before
+                continue
+            batch.cache_blocks(blocks, digests)
+            for block, digest in zip(blocks, digests, strict=True):
+                single.cache_block(block, digest)
+        assert _pool_state(batch) == _pool_state(single)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda pool: pool.allocate_many(-1), "count must be an integer >= 0, got -1"),
+    (lambda pool: pool.allocate_many(True), "count must be an integer"),
+    (lambda pool: pool.cache_blocks([1], []), "1 block ids but 0 hashes"),
+    (lambda pool: pool.cache_blocks([1, 3], [bytes(32)] * 2), "block 3 is free"),
+    (lambda pool: pool.cache_blocks([1], [b"short"]), "32-byte block hash"),
+])
+def test_bad_batch_calls(call, message: str) -> None:
+    pool = PrefixCachingBlockPool(6, 2)
+    pool.allocate_many(2)
+    before = freeze(vars(pool))
+    with pytest.raises(ValueError, match=message):
+        call(pool)
+    assert freeze(vars(pool)) == before
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2**64 - 1), max_size=40), size=st.integers(1, 6),
+       salt=st.none() | st.text(max_size=3), known=st.integers(0, 8))
+def test_a_chain_grown_from_any_known_prefix_hashes_block_by_block(
+        tokens: list[int], size: int, salt: str | None, known: int) -> None:
+    """``block_hashes``/``extend_chain`` (one fast loop) equal ``hash_block_tokens`` applied
+    block by block, the salt entering the first block only."""
+    expected: list[bytes] = []
+    for index in range(len(tokens) // size):
+        keys = [salt] if index == 0 and salt is not None else []
+        expected.append(hash_block_tokens(expected[-1] if expected else None,
+                                          tokens[index * size:(index + 1) * size], keys))
+    assert block_hashes(tokens, size, cache_salt=salt) == expected
+    assert block_hashes(tokens, size, cache_salt=salt, known=expected[:known]) == expected
