@@ -8,19 +8,21 @@ token starts its next block, and the step that draws its last token. The record 
 under those two steps; when one comes, the request claims its block (preempting, most
 protected first, as :class:`~course_lib.serving.ServingCore` does) or finishes. Its block
 table grows at its claims; its tokens are caught up when it finishes, is preempted or
-aborted (and at each claim with prefix caching, whose hashes need the token ids). A
-request's new tokens are its positions (the caller draws nothing).
+aborted (and at each claim with prefix caching, whose manager keeps a sequence's token
+ids). A request's new tokens are its positions (the caller draws nothing).
 
 It schedules exactly as the eager core does (``tests/test_serving_core_differential.py``
 holds the two to the same block tables after every step) for the requests it takes: one
 sample each, prefilled whole (no chunked prefill), by recompute or swap. Admission,
 cache and tier hits and preemption are the shared core's
 (:class:`~course_lib.serving.BaseServingCore`). With prefix caching, a lazy decode's full
-block gets its hash only when the core next touches it, which nobody can notice if nobody
-else could look for it: every request brings a cache salt of its own (the simulator's
-requests share nothing), or the caller promises a closed loop (``closed_loop``: no prompt
-continues a sequence still decoding, as in a conversation whose next turn arrives after
-the previous one finished, ``course_lib.cluster``).
+blocks get their hashes only when it is freed (finished, preempted, aborted) or synced
+(``PrefixCachingKVManager.append_tokens(..., cache=False)``), all in one call, which
+nobody can notice if nobody else could look for them meanwhile: every request brings a
+cache salt of its own (the simulator's requests share nothing), or the caller promises a
+closed loop (``closed_loop``: no prompt continues a sequence still decoding, as in a
+conversation whose next turn arrives after the previous one finished,
+``course_lib.cluster``).
 """
 
 from __future__ import annotations
@@ -182,12 +184,12 @@ class LazyServingCore(BaseServingCore):
             if index not in running:
                 continue  # preempted earlier in this step
             if caching:
-                self._catch_up(entry, clock)  # its new block's hash needs its token ids
+                self._catch_up(entry, clock)  # the manager keeps a cached sequence's ids
             if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
             sample = entry.sample
             start = sample.computed + clock - entry.since  # a multiple of the block size
-            self._append(sample, start + 1)
+            self._append(sample, start + 1, cache=False)  # hashed when freed or synced
             step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
             entry.claim = clock + size
             if entry.claim <= entry.end:
@@ -238,10 +240,12 @@ class LazyServingCore(BaseServingCore):
             entry.since = step
 
     def _sync(self, entry: _Decoding, step: int) -> None:
-        """Catch a decoding sample and its block table up to the start of ``step`` (the
-        blocks that filled get their hashes)."""
+        """Catch a decoding sample and its block table up to the start of ``step`` (with
+        prefix caching, every full block gets its hash)."""
         self._catch_up(entry, step)
         self._append(entry.sample, entry.sample.computed)
+        if self._caching:
+            self.manager.cache_full_blocks(entry.sample.seq_id)
 
     def _free(self, sample: Sample) -> None:
         """Free a sample's blocks, caught up first (with prefix caching its table too, so

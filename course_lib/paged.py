@@ -177,9 +177,13 @@ class BlockPool:
         vLLM frees a finished request's blocks this way, last block first, so its last
         block is handed out next and its first (cached) block is evicted last.
         """
-        ids = self._checked_batch(block_ids)
+        self._free_checked(self._checked_batch(block_ids))
+
+    def _free_checked(self, block_ids: list[int]) -> None:
+        """``free_batch`` of checked ids (a manager frees a block table here directly: its
+        blocks are held and named once)."""
         ref, queue, events, freed = self._ref, self._free, self._events, []
-        for block_id in ids:
+        for block_id in block_ids:
             ref[block_id] -= 1
             if not ref[block_id]:
                 queue[block_id] = None
@@ -321,9 +325,14 @@ def _count_and_ids(
     if token_ids is None:
         return default if num_tokens is None else num_tokens, None
     ids = check_list("token_ids", token_ids)
-    ends = ids[:1] + ids[-1:] if isinstance(token_ids, range) else ids  # a range by its ends
-    if not (all(type(t) is int for t in ends)  # the fast path; the loop names a bad id
-            and min(ends, default=0) >= 0 and max(ends, default=0) < TOKEN_ID_LIMIT):
+    if type(token_ids) is range:  # ints by construction, bounded by its ends
+        ends = ids[:1] + ids[-1:]
+        valid = not ids or (min(ends) >= 0 and max(ends) < TOKEN_ID_LIMIT)
+    else:  # the fast path; the loop below names a bad id
+        ends = ids
+        valid = (all(type(t) is int for t in ids)
+                 and min(ids, default=0) >= 0 and max(ids, default=0) < TOKEN_ID_LIMIT)
+    if not valid:
         for token in ends:
             if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
                 raise ValueError(f"token id must be below 2**64, got {token!r}")
@@ -431,7 +440,9 @@ class PagedKVManager(SequenceLookup):
         self._require_free(new_blocks + int(cow))
         if cow:
             table[-1] = pool.copy_on_write(table[-1])
-        if new_blocks:
+        if new_blocks == 1:  # a decode's new block
+            table.append(pool.allocate())
+        elif new_blocks:
             table += pool.allocate_many(new_blocks)
         seq.length += count
         if seq.token_ids is not None and ids is not None:
@@ -452,7 +463,7 @@ class PagedKVManager(SequenceLookup):
         it)."""
         seq = self._get(seq_id)
         del self._seqs[seq_id]
-        self.pool.free_batch(seq.table[::-1])
+        self.pool._free_checked(seq.table[::-1])
 
     def holds(self, seq_id: str) -> bool:
         """Whether ``seq_id`` is a live sequence here."""

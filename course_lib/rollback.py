@@ -125,17 +125,15 @@ class UndoablePool:
             self._freed_in_log.add(block_id)
         return super().free(block_id)
 
-    def free_batch(self, block_ids: Any) -> None:
+    def _free_checked(self, block_ids: list[int]) -> None:
         log = self.undo_log
-        if log is None:
-            return super().free_batch(block_ids)
-        ids = self._checked_batch(block_ids)
-        for block_id, count in Counter(ids).items():
-            self._note_block(log, block_id)
-            if self._ref[block_id] == count:
-                log.add(lambda block_id=block_id: self._free.pop(block_id))
-                self._freed_in_log.add(block_id)
-        return super().free_batch(ids)
+        if log is not None:
+            for block_id, count in Counter(block_ids).items():
+                self._note_block(log, block_id)
+                if self._ref[block_id] == count:
+                    log.add(lambda block_id=block_id: self._free.pop(block_id))
+                    self._freed_in_log.add(block_id)
+        super()._free_checked(block_ids)
 
     def share(self, block_id: int) -> None:
         log = self.undo_log
@@ -197,16 +195,15 @@ class UndoablePrefixCachingBlockPool(UndoablePool, PrefixCachingBlockPool):
                 self._blocks_of[block_hash] = dict.fromkeys(order)
         log.add(undo)
 
-    def cache_blocks(self, block_ids: Any, hashes: Any) -> None:
+    def _record_hashes(self, block_ids: list[int], hashes: list[BlockHash]) -> None:
         log = self.undo_log
         if log is not None:
-            block_ids, hashes = self._checked_pairs(block_ids, hashes)
             for block_id, block_hash in zip(block_ids, hashes, strict=True):
                 self._note_holders(log, block_hash)
                 old = self._hash_of.get(block_id, _ABSENT)
                 log.add(lambda block_id=block_id, old=old:
                         restore_key(self._hash_of, block_id, old))
-        super().cache_blocks(block_ids, hashes)
+        super()._record_hashes(block_ids, hashes)
 
     def touch(self, block_ids: Any) -> None:
         log = self.undo_log

@@ -343,14 +343,17 @@ class BaseServingCore:
         if chunk.loaded:
             self.pool.write_fetched(self.manager.block_table(sample.seq_id)[first:last], fetched)
 
-    def _append(self, sample: Sample, end: int) -> None:
+    def _append(self, sample: Sample, end: int, *, cache: bool = True) -> None:
         """Extend a sample's block table to ``end`` tokens (its token ids, which prefix
-        caching hashes, or a count); blocks are taken where they are needed."""
+        caching hashes, or a count); blocks are taken where they are needed. ``cache=False``
+        leaves the blocks that fill unhashed until the sample is next cached in full
+        (``PrefixCachingKVManager.append_tokens``)."""
         length = self.manager.seq_len(sample.seq_id)
         if end <= length:
             return
         if self._caching:
-            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
+            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end],
+                                       cache=cache)
         else:
             self.manager.append_tokens(sample.seq_id, end - length)
 

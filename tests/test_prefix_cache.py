@@ -465,3 +465,70 @@ def test_a_chain_grown_from_any_known_prefix_hashes_block_by_block(
                                           tokens[index * size:(index + 1) * size], keys))
     assert block_hashes(tokens, size, cache_salt=salt) == expected
     assert block_hashes(tokens, size, cache_salt=salt, known=expected[:known]) == expected
+
+
+def _cached_blocks(pool: PrefixCachingBlockPool) -> set[int]:
+    return {b for b in range(1, pool.num_blocks) if pool.block_hash(b) is not None}
+
+
+def _pool_state_unordered(pool: PrefixCachingBlockPool) -> object:
+    """A pool frozen, its two hash maps compared by content: deferred hashing records the
+    same pairs in another order, which nothing reads (lookups go by key, and each hash's
+    holders keep their order)."""
+    return freeze({**vars(pool), "_hash_of": sorted(pool._hash_of.items()),
+                   "_blocks_of": sorted(pool._blocks_of.items())})
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from(["add", "append", "fork", "free", "sync"]),
+                          st.integers(0, 1), st.integers(1, 5)), min_size=8, max_size=40))
+def test_deferred_hashing_ends_where_eager_hashing_does(ops: list[tuple[str, int, int]]) -> None:
+    """Appends with ``cache=False`` hash nothing until ``cache_full_blocks`` or a free of
+    that sequence (or of a fork sharing the blocks). When no other live sequence can
+    compute the same blocks (a salt per sequence, as the lazy serving core requires), every
+    step leaves the free queue and the hashes its blocks carry as eager hashing does (what
+    a later allocation or lookup sees), a re-added sequence finds its blocks, appended ones
+    included, and once every sequence is synced, the pool and the manager are as eager
+    hashing leaves them."""
+    eager, lazy = _manager(12, 2), _manager(12, 2)
+    for step, (op, seq, count) in enumerate(ops):
+        name, other = f"s{seq}", f"s{1 - seq}"
+        try:
+            if op == "add" and not eager.holds(name):
+                hits = [manager.add_sequence(name, token_ids=[seq] * count, cache_salt=name)
+                        for manager in (eager, lazy)]  # the same prompt each time: it hits
+                assert hits[0] == hits[1]
+            elif op == "append" and eager.holds(name):
+                tokens = [step * 10 + k for k in range(count)]  # no two appends alike
+                eager.append_tokens(name, token_ids=tokens)
+                cached = _cached_blocks(lazy.pool)
+                lazy.append_tokens(name, token_ids=tokens, cache=False)
+                assert _cached_blocks(lazy.pool) <= cached  # none new (some evicted)
+            elif op == "fork" and eager.holds(name) and not eager.holds(other):
+                eager.fork(name, other)
+                lazy.fork(name, other)
+            elif op == "free" and eager.holds(name):
+                eager.free_sequence(name)
+                lazy.free_sequence(name)
+            elif op == "sync" and eager.holds(name):
+                lazy.cache_full_blocks(name)
+        except OutOfBlocks:
+            pass
+        assert lazy.pool.free_blocks() == eager.pool.free_blocks()
+        assert [lazy.pool.block_hash(b) for b in lazy.pool.free_blocks()] == \
+            [eager.pool.block_hash(b) for b in eager.pool.free_blocks()]
+    for live in lazy.sequences:
+        lazy.cache_full_blocks(live)
+    assert _pool_state_unordered(lazy.pool) == _pool_state_unordered(eager.pool)
+    assert freeze({**vars(lazy), "pool": None}) == freeze({**vars(eager), "pool": None})
+
+
+def test_deferred_hashing_refusals() -> None:
+    manager = _manager()
+    manager.add_sequence("a", token_ids=[1, 2, 3])
+    before = freeze((vars(manager.pool), vars(manager)))
+    with pytest.raises(ValueError, match="cache must be True or False, got 'no'"):
+        manager.append_tokens("a", token_ids=[4, 5], cache="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown sequence 'b'"):
+        manager.cache_full_blocks("b")
+    assert freeze((vars(manager.pool), vars(manager))) == before
