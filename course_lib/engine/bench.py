@@ -13,7 +13,8 @@ into the same memory, and **batch size** (a limit on concurrent requests, ample 
 where both fit the same batch and only the per-step cost differs. A third table puts the
 same requests behind one shared system prompt and runs the paged engine with **prefix
 caching** on and off: the prompt tokens it computes, those it takes from the cache, and
-tokens/s. Throughput is generated
+tokens/s. A last table serves a few requests on the tiny model from a small and a large
+pool, alternating: a step's own time must not grow with the pool. Throughput is generated
 tokens per wall-clock second, prefill included. On a CUDA GPU the model runs in fp16 with
 the Triton kernel; on a CPU in fp32 with the torch gather reference for decode attention
 (``--decode-attention`` overrides), because the Triton interpreter measures Python, not
@@ -24,6 +25,7 @@ with the toy model.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -219,24 +221,28 @@ def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSe
 
 POOL_BENCH_REQUESTS = 8
 """Requests the pool-size table serves (chapter 01's 30,720-block pool holds them easily)."""
+POOL_BENCH_ROUNDS = 7
+"""Alternating rounds of the pool-size table, whose medians it prints: one round is a few
+milliseconds of bookkeeping, well inside a busy machine's noise."""
 
 
 def run_pool_bench(setup: BenchSetup, dtype: torch.dtype, device: str,
                    decode_attention: DecodeAttention) -> list[PoolRow]:
     """The same few requests on the tiny model, on a pool of each of ``setup.pool_sizes``
-    blocks: a step's bookkeeping must cost what the step changes, not what the pool
-    holds."""
+    blocks, the sizes alternating over ``POOL_BENCH_ROUNDS`` rounds (medians): a step's
+    bookkeeping must cost what the step changes, not what the pool holds."""
     model = random_model(tiny_config(), seed=0, dtype=dtype, device=device)
     requests = bench_requests(replace(setup, requests=POOL_BENCH_REQUESTS),
                               model.config.vocab_size)
-    rows = []
-    for num_blocks in setup.pool_sizes:
-        engine = PagedEngine(model, num_blocks=num_blocks, block_size=setup.block_size,
-                             decode_attention=decode_attention)
-        engine.generate(requests[:1])  # warm-up
-        timing = _timed(model, lambda engine=engine: engine.generate(requests))
-        rows.append(PoolRow(num_blocks, timing.passes, timing.own_ms_per_pass))
-    return rows
+    timings: dict[int, list[Timing]] = {n: [] for n in setup.pool_sizes}
+    for _ in range(POOL_BENCH_ROUNDS):
+        for num_blocks, runs in timings.items():
+            engine = PagedEngine(model, num_blocks=num_blocks, block_size=setup.block_size,
+                                 decode_attention=decode_attention)
+            engine.generate(requests[:1])  # warm-up
+            runs.append(_timed(model, lambda engine=engine: engine.generate(requests)))
+    return [PoolRow(n, runs[0].passes, statistics.median(t.own_ms_per_pass for t in runs))
+            for n, runs in timings.items()]
 
 
 def format_pool_rows(rows: Sequence[PoolRow]) -> str:
@@ -379,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_prefix_rows(run_prefix_bench(model, setup, decode_attention)))
     print(f"\n{POOL_BENCH_REQUESTS} of the requests on the tiny model, on pools of "
           f"{' and '.join(f'{n:,}' for n in setup.pool_sizes)} blocks (own: the step minus "
-          f"the model's forward):")
+          f"the model's forward; medians of {POOL_BENCH_ROUNDS} alternating rounds):")
     print(format_pool_rows(run_pool_bench(setup, dtype, device, decode_attention)))
     return 0
 
