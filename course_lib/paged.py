@@ -583,14 +583,20 @@ class PagedKVManager(SequenceLookup):
         """
         import torch
 
-        tables = [self.block_table(seq_id) for seq_id in seq_ids]
-        width = max((len(table) for table in tables), default=0)
-        padded = [list(table) + [NULL_BLOCK] * (width - len(table)) for table in tables]
         lengths = [self.seq_len(seq_id) for seq_id in seq_ids]
-        return (
-            torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(tables), width),
-            torch.tensor(lengths, dtype=torch.int32, device=device),
-        )
+        return (self.table_tensor(seq_ids, device),
+                torch.tensor(lengths, dtype=torch.int32, device=device))
+
+    def table_tensor(
+        self, seq_ids: Sequence[str], device: str | torch.device = "cpu"
+    ) -> torch.Tensor:
+        """The block tables of ``batch_tables`` alone (what the engine's step needs)."""
+        import torch
+
+        seqs = [self._get(seq_id) for seq_id in seq_ids]
+        width = max((len(seq.table) for seq in seqs), default=0)
+        padded = [seq.table + [NULL_BLOCK] * (width - len(seq.table)) for seq in seqs]
+        return torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(seqs), width)
 
     def read_kv(self, seq_id: str, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather ``seq_id``'s K and V into ``[seq_len, num_kv_heads, head_dim]`` copies."""

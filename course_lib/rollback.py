@@ -13,7 +13,9 @@ chapter 01's Llama-3-8B budget) although a step touches a handful of blocks. Her
 * the serving core snapshots the bookkeeping of the live requests (their samples, block
   tables, queues), which is what a step of continuous batching changes anyway.
 
-Undo runs the log newest first, so every dict regains its order as well as its values.
+Undo runs the log newest first, so every dict regains its order as well as its values
+(all but the keys of the prefix cache's two hash maps, which nothing iterates: an undone
+eviction puts its block's entries back at their ends).
 One change costs one log entry, except reviving a freed cached block from the middle of the
 free queue: its place there cannot be recorded in O(1), so the first such revival in a step
 saves the queue's order once.

@@ -412,6 +412,7 @@ class ServingCore(BaseServingCore):
         super().__init__(config, pool, chunked_prefill=chunked_prefill)
         self._decoding: dict[str, _Decoding] = {}
         self._prefilling: dict[int, None] = {}  # running requests with tokens to prefill
+        self._log: UndoLog | None = None  # the checkpoint's, while a step may be undone
 
     def _forget(self, request: ServingRequest) -> None:
         """Drop what the core kept for a request that has ended."""
@@ -522,7 +523,7 @@ class ServingCore(BaseServingCore):
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests while the limits, the budget and the free blocks allow."""
         scheduler, admitted = self.scheduler, []
-        while (budget := step.left(self._decodes(step))) and \
+        while (budget := step.left(self._decodes(step))) and not scheduler.full and \
                 (index := scheduler.next_waiting()) is not None:
             request = self.requests[index]
             plan = self._plan(request, budget, decoding=request.swapped)
@@ -531,6 +532,8 @@ class ServingCore(BaseServingCore):
                     or self._blocks_for(plan) > self.pool.num_free):
                 break
             scheduler.admit_next()
+            if self._log is not None:  # a waiting request's first change in the step
+                self._log.add(_saved_request(request))
             if request.swapped:
                 self._swap_in(index, request, plan[0], step)
             self._prefilling[index] = None
@@ -616,8 +619,9 @@ class ServingCore(BaseServingCore):
     def checkpoint(self) -> UndoLog:
         """Start a log of what the core changes from now on, for ``restore`` to undo (or
         ``commit`` to keep): the pool, which must be undoable (``course_lib.rollback``),
-        logs its own changes, K/V included; the live requests' bookkeeping is saved here,
-        at a cost that grows with them, never with the pool."""
+        logs its own changes, K/V included; the running requests' bookkeeping is saved
+        here (a waiting one when the step admits it), at a cost that grows with them, never
+        with the pool."""
         if not isinstance(self.pool, UndoablePool):
             raise ValueError(f"checkpoint needs an undoable pool "
                              f"(course_lib.rollback.undoable), got {type(self.pool).__name__}")
@@ -625,37 +629,51 @@ class ServingCore(BaseServingCore):
         for undo in self._saved_bookkeeping():
             log.add(undo)
         self.pool.attach(log)
+        self._log = log
         return log
 
     def _saved_bookkeeping(self) -> list[Callable[[], None]]:
-        """How to put back every unfinished request, the scheduler, the manager and the
-        core's own state as they are now (everything a step changes but the pool)."""
+        """How to put back the running requests, the scheduler, the manager and the core's
+        own state as they are now (everything a step changes but the pool and the waiting
+        requests it admits, which ``_admit`` saves as it takes them)."""
         scheduler = self.scheduler
         undo = [saved_fields(scheduler, (n for n in vars(scheduler) if n != "_keys")),
                 saved_manager(self.manager), saved_fields(self, self._STEP_STATE)]
         if self.swap is not None:
             undo.append(saved_fields(self.swap, ("_held",)))
         chains = [(chain, len(chain)) for chain in self._chains.values()]
-        requests = [(r, r.preemptions, r.swapped, [_saved_sample(s) for s in r.samples])
-                    for r in map(self.requests.__getitem__, self.unfinished)]
+        requests = [_saved_request(self.requests[index]) for index in self.scheduler.running]
 
         def undo_requests() -> None:
             for chain, length in chains:
                 del chain[length:]
-            for request, preemptions, swapped, samples in requests:
-                request.preemptions, request.swapped = preemptions, swapped
-                for restore_sample in samples:
-                    restore_sample()
+            for restore_request in requests:
+                restore_request()
         return [*undo, undo_requests]
 
     def restore(self, log: UndoLog) -> None:
         """Undo everything since ``checkpoint`` returned ``log``."""
         log.undo()
         self.pool.attach(None)
+        self._log = None
 
     def commit(self, log: UndoLog) -> None:
         """Keep everything since ``checkpoint`` returned ``log``; stop logging."""
         self.pool.attach(None)
+        self._log = None
+
+
+def _saved_request(request: ServingRequest) -> Callable[[], None]:
+    """How to put ``request`` back as it is now: its preemptions, whether it is swapped
+    out, and its samples."""
+    preemptions, swapped = request.preemptions, request.swapped
+    samples = [_saved_sample(sample) for sample in request.samples]
+
+    def undo() -> None:
+        request.preemptions, request.swapped = preemptions, swapped
+        for restore_sample in samples:
+            restore_sample()
+    return undo
 
 
 def _saved_sample(sample: Sample) -> Callable[[], None]:

@@ -100,3 +100,57 @@ def test_checkpoint_refuses_a_pool_it_cannot_undo() -> None:
     core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
     with pytest.raises(ValueError, match="undoable pool"):
         core.checkpoint()
+
+
+class _Injected(RuntimeError):
+    pass
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(caching=st.booleans(), samples=st.integers(1, 2),
+       failures=st.lists(st.integers(0, 5), min_size=1, max_size=20))
+def test_a_step_failing_at_any_draw_is_undone_whole(caching, samples, failures) -> None:
+    """A core step that raises in its ``k``-th draw, undone, leaves the core exactly as it
+    was: the requests it admitted, preempted, prefilled or forked included (a waiting
+    request is saved when a step first takes it); the same step then runs through."""
+    pool = undoable(PrefixCachingBlockPool if caching else BlockPool)(10, 4)
+    core = ServingCore(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=9), pool)
+    for i in range(6):
+        prompt = [1 + i % 2] * (3 + i)
+        core.add(ServingRequest(i, prompt, 4, 0,
+                                [Sample(f"r{i}.{k}", list(prompt)) for k in range(samples)]))
+
+    def step(fail_at: int | None) -> None:
+        calls = [0]
+
+        def draw(_index: int, request: ServingRequest, sample: Sample) -> None:
+            if calls[0] == fail_at:
+                raise _Injected
+            calls[0] += 1
+            request.append_token(sample, 7 + calls[0] % 3, ())
+        core.retire(core.advance(core.schedule(), draw))
+
+    def state() -> object:
+        """The core frozen, the keys of the pool's two hash maps sorted first: an undone
+        eviction puts a key back at its map's end, and nothing reads the keys' order
+        (lookups go by key; each hash's holders keep theirs)."""
+        if caching:
+            pool._hash_of = dict(sorted(pool._hash_of.items()))
+            pool._blocks_of = dict(sorted(pool._blocks_of.items()))
+        return freeze(vars(core))
+
+    for index in range(200):
+        if not core.unfinished:
+            break
+        fail_at = failures[index % len(failures)]
+        before = state()
+        log = core.checkpoint()
+        try:
+            step(fail_at)
+        except _Injected:
+            core.restore(log)
+            assert state() == before
+            log = core.checkpoint()
+            step(None)
+        core.commit(log)
+    assert not core.unfinished and pool.num_used == 0

@@ -64,6 +64,7 @@ class BenchSetup:
     batches: tuple[int, ...]
     pool_sizes: tuple[int, ...] = (256, 30_720)
     seed: int = 0
+    rounds: int = 1  # alternating timings of each sweep point, whose medians are printed
 
 
 MAX_THREADS = 1024
@@ -74,7 +75,7 @@ MAX_REQUESTS = 4096
 SMOKE = BenchSetup(requests=6, max_len=24, median_total=12, block_size=4, budgets=(48, 96),
                    batches=(4,), pool_sizes=(64, 4096))
 CPU = BenchSetup(requests=32, max_len=128, median_total=48, block_size=16,
-                 budgets=(256, 512, 1024), batches=(1, 4, 16))
+                 budgets=(256, 512, 1024), batches=(1, 4, 16), rounds=3)
 GPU = BenchSetup(requests=256, max_len=512, median_total=160, block_size=16,
                  budgets=(2048, 4096, 8192, 16384), batches=(1, 8, 32, 128))
 
@@ -191,6 +192,18 @@ def _timed(model: LlamaModel, run: Callable[[], object]) -> Timing:
     return Timing(seconds, seconds - forward.seconds, forward.calls)
 
 
+def _median_timings(model: LlamaModel, runs: dict[str, Callable[[], object]],
+                    rounds: int) -> dict[str, Timing]:
+    """Each of ``runs`` timed ``rounds`` times, alternating, and its median run (by wall
+    clock): side by side, so a busy spell of the machine hits all of them alike."""
+    timed: dict[str, list[Timing]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            timed[name].append(_timed(model, run))
+    return {name: sorted(t, key=lambda timing: timing.seconds)[len(t) // 2]
+            for name, t in timed.items()}
+
+
 def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSetup,
             budget: int, max_batch: int | None, decode_attention: DecodeAttention,
             sweep: str) -> BenchRow:
@@ -198,20 +211,26 @@ def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSe
     a memory-limited budget also contiguous decoding at the paged run's average batch,
     with memory to spare (what paging's larger batch should be worth)."""
     generated = sum(r.params.max_tokens for r in requests)
-    engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
-                         block_size=setup.block_size, decode_attention=decode_attention,
-                         scheduler=SchedulerConfig(max_num_seqs=max_batch))
-    paged = _timed(model, lambda: engine.generate(requests))
-    stats = engine.stats()
+
+    def paged_run() -> PagedEngine:
+        engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
+                             block_size=setup.block_size, decode_attention=decode_attention,
+                             scheduler=SchedulerConfig(max_num_seqs=max_batch))
+        engine.generate(requests)
+        return engine
+
+    stats = paged_run().stats()  # the schedule (the same every run) and a warm-up
     rows = budget // setup.max_len if max_batch is None else max_batch
-    contiguous = at_avg = None
+    runs: dict[str, Callable[[], object]] = {"paged": paged_run}
     if rows:
-        contiguous = _timed(model, lambda: generate(model, requests, max_batch=rows,
-                                                    max_len=setup.max_len))
+        runs["contiguous"] = lambda: generate(model, requests, max_batch=rows,
+                                              max_len=setup.max_len)
     if max_batch is None:
         batch = max(1, round(stats.avg_batch))
-        at_avg = _timed(model, lambda: generate(model, requests, max_batch=batch,
-                                                max_len=setup.max_len))
+        runs["at_avg"] = lambda: generate(model, requests, max_batch=batch,
+                                          max_len=setup.max_len)
+    timings = _median_timings(model, runs, setup.rounds)
+    paged, contiguous, at_avg = (timings.get(k) for k in ("paged", "contiguous", "at_avg"))
     return BenchRow(
         sweep, budget, max_batch, generated / paged.seconds, stats.avg_batch,
         stats.preemptions, generated / contiguous.seconds if contiguous else None, rows,

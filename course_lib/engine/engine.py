@@ -282,7 +282,7 @@ class PagedEngine:
         """One pass over every chunk; the logits of each chunk's last token."""
         manager = self.manager
         seq_ids = [c.sample.seq_id for c in chunks]
-        block_table, _ = manager.batch_tables(seq_ids, device=self.model.device)
+        block_table = manager.table_tensor(seq_ids, device=self.model.device)
         spans = [range(c.start, c.start + c.count) for c in chunks]
         slots = [slot for c, span in zip(chunks, spans, strict=True)
                  for slot in manager.slot_mapping(c.sample.seq_id, span)]

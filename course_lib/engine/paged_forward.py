@@ -47,10 +47,11 @@ class _SlotWriter:
     """Writes a pass's K/V ``[T, kv_heads, head_dim]`` into the pool at ``slots`` ``[T]``."""
 
     def __init__(self, pool: BlockPool, slots: Sequence[int]) -> None:
-        device = pool.kv_cache(0).device
-        index = torch.tensor(slots, dtype=torch.long, device=device)
+        size = pool.block_size
+        where = torch.tensor([[slot // size for slot in slots], [slot % size for slot in slots]],
+                             dtype=torch.long, device=pool.kv_cache(0).device)
         self.pool = pool
-        self.blocks, self.offsets = index // pool.block_size, index % pool.block_size
+        self.blocks, self.offsets = where[0], where[1]
 
     def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         kv = self.pool.kv_cache(layer)
@@ -151,11 +152,15 @@ class _DecodeGather:
         device = block_table.device
         self.width = max(lengths)
         blocks = -(-self.width // block_size)
-        self.flat = block_table[:, :blocks].reshape(-1).long()
+        if blocks < block_table.shape[1]:
+            block_table = block_table[:, :blocks]
+        self.flat = block_table.reshape(-1)  # int32 indexes as well as int64
         self.batch, self.span = len(lengths), blocks * block_size
-        lens = torch.tensor(lengths, device=device)
-        self.mask = (torch.arange(self.width, device=device)[None, :] < lens[:, None])[
-            :, None, None, :]
+        self.mask = None  # every sequence as long as the longest (one decode): no mask
+        if min(lengths) < self.width:
+            lens = torch.tensor(lengths, device=device)
+            self.mask = (torch.arange(self.width, device=device)[None, :] < lens[:, None])[
+                :, None, None, :]
 
     def __call__(self, q: torch.Tensor, pool: BlockPool, layer: int) -> torch.Tensor:
         """Attention of one query token per sequence ``[batch, heads, head_dim]``."""
