@@ -10,8 +10,8 @@ prefix-caching study under 1.5 s.
 
 ``--against COMMIT`` times this checkout's simulator side by side with the one of a git
 commit (``course_lib`` as it was there, extracted with ``git archive``): each round runs
-both, alternating, in fresh processes, and the medians' ratios are printed per part
-(trace, study, sweep, prefix caching).
+both in fresh processes, the one that goes first alternating from round to round, and the
+medians' ratios are printed per part (trace, study, sweep, prefix caching).
 """
 
 from __future__ import annotations
@@ -171,9 +171,10 @@ def compare(commit: str, rounds: int) -> int:
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
         runs: dict[str, list[dict[str, list[float]]]] = {"this": [], commit: []}
-        for _ in range(rounds):
-            runs["this"].append(_time_once(root))
-            runs[commit].append(_time_once(Path(old)))
+        sides = [("this", root), (commit, Path(old))]
+        for index in range(rounds):  # which side goes first alternates too
+            for side, library in sides[::-1] if index % 2 else sides:
+                runs[side].append(_time_once(library))
     print(f"simulator: this checkout vs {commit}, median of {rounds} alternating rounds")
     print(f"{'part':<16}{'this wall':>10}{'that wall':>10}{'ratio':>8}"
           f"{'this CPU':>10}{'that CPU':>10}{'ratio':>8}")
