@@ -199,8 +199,7 @@ class LazyServingCore(BaseServingCore):
         """Admit waiting requests, whole prompts, while the limits, the budget and the free
         blocks allow (the eager core's rule, for one sequence)."""
         scheduler, admitted, decodes = self.scheduler, [], len(self._decoding)
-        while (budget := step.left(decodes)) and not scheduler.full and \
-                (index := scheduler.next_waiting()) is not None:
+        while (budget := step.left(decodes)) and (index := scheduler.next_waiting()) is not None:
             request = self.requests[index]
             chunk = self._prefill_chunk(request, request.samples[0], budget)
             if (chunk is None or not scheduler.admits(chunk.count, decodes + step.prefill)

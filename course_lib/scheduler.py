@@ -167,13 +167,6 @@ class Scheduler:
         """Requests waiting."""
         return len(self._heap) if self.config.policy == "priority" else len(self._fifo)
 
-    @property
-    def full(self) -> bool:
-        """Whether ``max_num_seqs`` requests run already, so ``admits`` refuses anyone (a
-        caller can stop before pricing the next admission)."""
-        limit = self.config.max_num_seqs
-        return limit is not None and len(self.running) >= limit
-
     def arrive(self, index: int) -> None:
         """A new request joins the back of the waiting queue (priority order under
         ``"priority"``)."""
@@ -236,7 +229,7 @@ class Scheduler:
         check_int("prefill_tokens", prefill_tokens, 0)
         check_int("step_tokens", step_tokens, 0)
         config = self.config
-        if self.full:
+        if config.max_num_seqs is not None and len(self.running) >= config.max_num_seqs:
             return False
         return (config.max_num_batched_tokens is None
                 or step_tokens + prefill_tokens <= config.max_num_batched_tokens)

@@ -523,7 +523,7 @@ class ServingCore(BaseServingCore):
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests while the limits, the budget and the free blocks allow."""
         scheduler, admitted = self.scheduler, []
-        while (budget := step.left(self._decodes(step))) and not scheduler.full and \
+        while (budget := step.left(self._decodes(step))) and \
                 (index := scheduler.next_waiting()) is not None:
             request = self.requests[index]
             plan = self._plan(request, budget, decoding=request.swapped)
