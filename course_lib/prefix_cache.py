@@ -216,12 +216,13 @@ class PrefixCachingBlockPool(BlockPool):
         ids, hashes = check_list("block_ids", block_ids), check_block_hashes("hashes", hashes)
         if len(ids) != len(hashes):
             raise ValueError(f"{len(ids)} block ids but {len(hashes)} hashes")
-        hash_of = self._hash_of
+        hash_of, named = self._hash_of, {}
         for block_id, block_hash in zip(ids, hashes, strict=True):
             self._check_held(block_id)
-            current = hash_of.get(block_id)
+            current = named.get(block_id, hash_of.get(block_id))
             if current is not None and current != block_hash:
                 raise ValueError(f"block {block_id} already holds a different hash")
+            named[block_id] = block_hash  # named twice: the same hash both times
         return ids, hashes
 
     def _is_cached(self, block_id: int) -> bool:

@@ -441,6 +441,8 @@ def test_batch_calls_equal_their_single_calls(kind: str, ops: list[tuple[str, in
     (lambda pool: pool.cache_blocks([1], []), "1 block ids but 0 hashes"),
     (lambda pool: pool.cache_blocks([1, 3], [bytes(32)] * 2), "block 3 is free"),
     (lambda pool: pool.cache_blocks([1], [b"short"]), "32-byte block hash"),
+    (lambda pool: pool.cache_blocks([1, 2, 1], [bytes(32), bytes(32), b"\1" * 32]),
+     "block 1 already holds a different hash"),
 ])
 def test_bad_batch_calls(call, message: str) -> None:
     pool = PrefixCachingBlockPool(6, 2)

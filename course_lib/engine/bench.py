@@ -212,16 +212,13 @@ def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSe
     with memory to spare (what paging's larger batch should be worth)."""
     generated = sum(r.params.max_tokens for r in requests)
 
-    def paged_run() -> PagedEngine:
-        engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
-                             block_size=setup.block_size, decode_attention=decode_attention,
-                             scheduler=SchedulerConfig(max_num_seqs=max_batch))
-        engine.generate(requests)
-        return engine
-
-    stats = paged_run().stats()  # the schedule (the same every run) and a warm-up
+    engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
+                         block_size=setup.block_size, decode_attention=decode_attention,
+                         scheduler=SchedulerConfig(max_num_seqs=max_batch))
+    engine.generate(requests)  # a warm-up, whose schedule every later run repeats
+    stats = engine.stats()
     rows = budget // setup.max_len if max_batch is None else max_batch
-    runs: dict[str, Callable[[], object]] = {"paged": paged_run}
+    runs: dict[str, Callable[[], object]] = {"paged": lambda: engine.generate(requests)}
     if rows:
         runs["contiguous"] = lambda: generate(model, requests, max_batch=rows,
                                               max_len=setup.max_len)
