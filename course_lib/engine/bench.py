@@ -25,12 +25,13 @@ with the toy model.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -192,16 +193,19 @@ def _timed(model: LlamaModel, run: Callable[[], object]) -> Timing:
     return Timing(seconds, seconds - forward.seconds, forward.calls)
 
 
-def _median_timings(model: LlamaModel, runs: dict[str, Callable[[], object]],
-                    rounds: int) -> dict[str, Timing]:
+K = TypeVar("K", bound=Hashable)
+"""What names a run of ``_median_timings``: a sweep's engine, or a pool's size."""
+
+
+def _median_timings(model: LlamaModel, runs: dict[K, Callable[[], object]], rounds: int,
+                    by: Callable[[Timing], float] = attrgetter("seconds")) -> dict[K, Timing]:
     """Each of ``runs`` timed ``rounds`` times, alternating, and its median run (by wall
-    clock): side by side, so a busy spell of the machine hits all of them alike."""
-    timed: dict[str, list[Timing]] = {name: [] for name in runs}
+    clock, or ``by``): side by side, so a busy spell of the machine hits all alike."""
+    timed: dict[K, list[Timing]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             timed[name].append(_timed(model, run))
-    return {name: sorted(t, key=lambda timing: timing.seconds)[len(t) // 2]
-            for name, t in timed.items()}
+    return {name: sorted(t, key=by)[len(t) // 2] for name, t in timed.items()}
 
 
 def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSetup,
@@ -211,7 +215,6 @@ def measure(model: LlamaModel, requests: list[GenerationRequest], setup: BenchSe
     a memory-limited budget also contiguous decoding at the paged run's average batch,
     with memory to spare (what paging's larger batch should be worth)."""
     generated = sum(r.params.max_tokens for r in requests)
-
     engine = PagedEngine(model, num_blocks=budget // setup.block_size + 1,
                          block_size=setup.block_size, decode_attention=decode_attention,
                          scheduler=SchedulerConfig(max_num_seqs=max_batch))
@@ -250,15 +253,14 @@ def run_pool_bench(setup: BenchSetup, dtype: torch.dtype, device: str,
     model = random_model(tiny_config(), seed=0, dtype=dtype, device=device)
     requests = bench_requests(replace(setup, requests=POOL_BENCH_REQUESTS),
                               model.config.vocab_size)
-    timings: dict[int, list[Timing]] = {n: [] for n in setup.pool_sizes}
-    for _ in range(POOL_BENCH_ROUNDS):
-        for num_blocks, runs in timings.items():
-            engine = PagedEngine(model, num_blocks=num_blocks, block_size=setup.block_size,
-                                 decode_attention=decode_attention)
-            engine.generate(requests[:1])  # warm-up
-            runs.append(_timed(model, lambda engine=engine: engine.generate(requests)))
-    return [PoolRow(n, runs[0].passes, statistics.median(t.own_ms_per_pass for t in runs))
-            for n, runs in timings.items()]
+    engines = {n: PagedEngine(model, num_blocks=n, block_size=setup.block_size,
+                              decode_attention=decode_attention) for n in setup.pool_sizes}
+    for engine in engines.values():
+        engine.generate(requests[:1])  # warm-up
+    timings = _median_timings(
+        model, {n: (lambda e=engine: e.generate(requests)) for n, engine in engines.items()},
+        POOL_BENCH_ROUNDS, by=attrgetter("own_seconds"))
+    return [PoolRow(n, t.passes, t.own_ms_per_pass) for n, t in timings.items()]
 
 
 def format_pool_rows(rows: Sequence[PoolRow]) -> str:
