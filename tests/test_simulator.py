@@ -657,3 +657,15 @@ def test_support_chat_prefix_caching_under_each_free_order(order: str, reused: i
 def test_an_unknown_free_order_is_refused() -> None:
     with pytest.raises(ValueError, match=r"unknown free_order 'lru'; expected one of vllm, fifo"):
         SimConfig(free_order="lru")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--against", "no-such-commit"], "--against 'no-such-commit' is not a commit"),
+    (["--against", "HEAD", "--rounds", "0"], "argument --rounds: invalid choice: 0"),
+])
+def test_the_simulator_bench_refuses_a_bad_flag_in_one_line(argv, message, capsys) -> None:
+    from tools.bench_simulator import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err

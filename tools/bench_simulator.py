@@ -126,6 +126,8 @@ def main() -> int:
 
 
 PARTS = ("trace", "study", "sweep", "prefix caching")
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout this script belongs to."""
 
 TIMING_SCRIPT = """
 import json, sys, time
@@ -165,13 +167,12 @@ def _time_once(library: Path) -> dict[str, list[float]]:
 def compare(commit: str, rounds: int) -> int:
     """This checkout against ``commit``, side by side: medians of ``rounds`` alternating
     runs of each part, and their ratios (this over that)."""
-    root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as old:
-        archive = subprocess.run(["git", "archive", commit, "course_lib"], cwd=root,
+        archive = subprocess.run(["git", "archive", commit, "course_lib"], cwd=ROOT,
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
         runs: dict[str, list[dict[str, list[float]]]] = {"this": [], commit: []}
-        sides = [("this", root), (commit, Path(old))]
+        sides = [("this", ROOT), (commit, Path(old))]
         for index in range(rounds):  # which side goes first alternates too
             for side, library in sides[::-1] if index % 2 else sides:
                 runs[side].append(_time_once(library))
@@ -198,7 +199,13 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, choices=range(1, 21),
                         metavar="1..20", help="alternating rounds (default 3)")
     args = parser.parse_args(argv)
-    return compare(args.against, args.rounds) if args.against else main()
+    if not args.against:
+        return main()
+    known = subprocess.run(["git", "rev-parse", "--verify", "--quiet",
+                            f"{args.against}^{{commit}}"], cwd=ROOT, capture_output=True)
+    if known.returncode:
+        parser.error(f"--against {args.against!r} is not a commit of this repository")
+    return compare(args.against, args.rounds)
 
 
 if __name__ == "__main__":
