@@ -4,6 +4,11 @@
     python tools/notebooks.py exercises [--force]        # solutions/ -> exercises/
     python tools/notebooks.py execute NOTEBOOK ...       # run and store outputs, then normalise
     python tools/notebooks.py check                      # fail if anything above is stale
+    python tools/notebooks.py set-home OWNER/REPO        # move every badge and install cell
+
+The course's home on GitHub is written once, as pyproject's ``Repository`` URL; every
+Colab badge (notebooks and README) and every install cell is derived from it, and
+``check`` fails when one disagrees.
 
 ``solutions/`` is the single source of the exercises: code between ``### BEGIN SOLUTION``
 and ``### END SOLUTION`` becomes a stub that raises ``NotImplementedError``. An exercise
@@ -37,49 +42,79 @@ BADGE_ID, INSTALL_ID = "colab-badge", "colab-install"
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
-def repository() -> str:
+GITHUB = "https://github.com/"
+HOME_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}")
+README_BADGE = re.compile(
+    r"https://colab\.research\.google\.com/github/(?P<home>[^/\s)]+/[^/\s)]+)/blob/main/"
+    r"(?P<path>[^\s)]+\.ipynb)"
+)
+
+
+def repository(root: Path = ROOT) -> str:
     """``owner/name`` of the course on GitHub, read from pyproject's Repository URL."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     url = project["urls"]["Repository"]
-    return url.removeprefix("https://github.com/").strip("/")
+    if not url.startswith(GITHUB):
+        raise ValueError(f"pyproject's Repository URL {url!r} is not a {GITHUB} address")
+    return url.removeprefix(GITHUB).strip("/")
 
 
-def colab_url(relative_path: str) -> str:
-    """The Colab address that opens ``relative_path`` from the repository's main branch."""
-    return f"https://colab.research.google.com/github/{repository()}/blob/main/{relative_path}"
+def colab_url(relative_path: str, home: str) -> str:
+    """The Colab address that opens ``relative_path`` from ``home``'s main branch."""
+    return f"https://colab.research.google.com/github/{home}/blob/main/{relative_path}"
 
 
-def badge_markdown(relative_path: str) -> str:
+def badge_markdown(relative_path: str, home: str) -> str:
     """The "Open in Colab" badge for one notebook."""
     return (
         f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-        f"({colab_url(relative_path)})"
+        f"({colab_url(relative_path, home)})"
     )
 
 
-def install_source() -> str:
-    """The first code cell: installs course_lib in Colab, does nothing anywhere else."""
-    return (
-        "# In Colab, install the course library from its repository; elsewhere this does nothing.\n"
-        "import sys\n"
-        "\n"
-        'if "google.colab" in sys.modules:\n'
-        "    import subprocess\n"
-        "\n"
-        "    subprocess.run(\n"
-        f'        [sys.executable, "-m", "pip", "install", "-q", '
-        f'"course_lib @ git+https://github.com/{repository()}"],\n'
-        "        check=True,\n"
-        "    )"
-    )
+INSTALL_TEMPLATE = '''\
+# In Colab, install the course library from its repository; elsewhere this does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    HOME = "{repository}"
+    SOURCE = f"course_lib @ git+{{HOME}}"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", SOURCE],
+                         capture_output=True, text=True)
+    if pip.returncode:
+        class CourseInstallFailed(Exception):
+            def _render_traceback_(self):  # IPython shows this one line, no traceback
+                return [str(self)]
+
+        reason = (pip.stderr.strip().splitlines() or ["pip said nothing"])[-1]
+        raise CourseInstallFailed(
+            f"Installing course_lib from {{HOME}} failed ({{reason}}). Open this notebook "
+            f"from the course's published copy, or install it by hand: pip install '{{SOURCE}}'"
+        )'''
 
 
-def normalized(nb: nbformat.NotebookNode, relative_path: str) -> nbformat.NotebookNode:
-    """A copy of ``nb`` with the course's header cells, kernelspec and clean metadata."""
+def install_source(home: str) -> str:
+    """The first code cell: installs course_lib in Colab, does nothing anywhere else.
+
+    Nothing Colab ships is replaced (pyproject's lower bounds), so the runtime needs no
+    restart. When pip fails (the repository cannot be reached, say) the cell ends in one
+    line that says what failed and what to do, and "Run all" stops there.
+    """
+    return INSTALL_TEMPLATE.format(repository=GITHUB + home)
+
+
+def normalized(
+    nb: nbformat.NotebookNode, relative_path: str, home: str | None = None
+) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with the course's header cells, kernelspec and clean metadata
+    (``home`` defaults to pyproject's)."""
+    home = home or repository()
     nb = copy.deepcopy(nb)
     body = [c for c in nb.cells if c.get("id") not in (BADGE_ID, INSTALL_ID)]
-    badge = nbformat.v4.new_markdown_cell(badge_markdown(relative_path), id=BADGE_ID)
-    install = nbformat.v4.new_code_cell(install_source(), id=INSTALL_ID)
+    badge = nbformat.v4.new_markdown_cell(badge_markdown(relative_path, home), id=BADGE_ID)
+    install = nbformat.v4.new_code_cell(install_source(home), id=INSTALL_ID)
     old_install = next((c for c in nb.cells if c.get("id") == INSTALL_ID), None)
     if old_install is not None and old_install.get("execution_count") is not None:
         install.execution_count = old_install.execution_count
@@ -126,7 +161,9 @@ def sources_hash(nb: nbformat.NotebookNode) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def exercise_from_solution(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+def exercise_from_solution(
+    solution: nbformat.NotebookNode, name: str, home: str | None = None
+) -> nbformat.NotebookNode:
     """The exercise notebook for ``solutions/<name>``: stubs, tags, no outputs."""
     nb = copy.deepcopy(solution)
     for cell in nb.cells:
@@ -139,7 +176,7 @@ def exercise_from_solution(solution: nbformat.NotebookNode, name: str) -> nbform
             tags = [t for t in tags if t != ANSWER_TAG]
             tags += [t for t in STUB_TAGS if t not in tags]
         cell.metadata = nbformat.NotebookNode({"tags": tags} if tags else {})
-    nb = normalized(nb, f"exercises/{name}")
+    nb = normalized(nb, f"exercises/{name}", home)
     nb.metadata["course_lib"] = {
         "generated_from": f"solutions/{name}", "sources_sha256": sources_hash(nb),
     }
@@ -160,13 +197,13 @@ def learner_changed(path: Path) -> bool:
 
 def generate_exercises(force: bool = False, root: Path = ROOT) -> list[str]:
     """Write ``exercises/`` from ``solutions/``; return messages about what was done."""
-    messages = []
+    messages, home = [], repository(root)
     (root / "exercises").mkdir(exist_ok=True)
     for solution_path in sorted((root / "solutions").glob("*.ipynb")):
         relative = f"exercises/{solution_path.name}"
         target = root / relative
         exercise = exercise_from_solution(
-            nbformat.read(solution_path, as_version=4), solution_path.name
+            nbformat.read(solution_path, as_version=4), solution_path.name, home
         )
         text = dumps(exercise)
         if target.exists() and target.read_text() == text:
@@ -180,19 +217,21 @@ def generate_exercises(force: bool = False, root: Path = ROOT) -> list[str]:
 
 
 def stale_files(root: Path = ROOT) -> list[str]:
-    """Notebooks whose file differs from what normalise / the generator would write."""
-    stale = []
+    """Notebooks (and README badges) that differ from what normalise / the generator /
+    ``set-home`` would write."""
+    stale, home = readme_problems(root), repository(root)
     for folder in ("notebooks", "solutions"):
         for path in sorted((root / folder).glob("*.ipynb")):
             relative = f"{folder}/{path.name}"
             nb = nbformat.read(path, as_version=4)
-            if path.read_text() != dumps(normalized(nb, relative)):
+            if path.read_text() != dumps(normalized(nb, relative, home)):
                 stale.append(f"{relative} is not normalised")
     solutions = {p.name for p in (root / "solutions").glob("*.ipynb")}
     for path in sorted((root / "solutions").glob("*.ipynb")):
         relative = f"exercises/{path.name}"
         target = root / relative
-        expected = dumps(exercise_from_solution(nbformat.read(path, as_version=4), path.name))
+        solution = nbformat.read(path, as_version=4)
+        expected = dumps(exercise_from_solution(solution, path.name, home))
         if not target.exists() or target.read_text() != expected:
             stale.append(f"{relative} is stale: regenerate it from solutions/")
     stale += [
@@ -202,11 +241,58 @@ def stale_files(root: Path = ROOT) -> list[str]:
     return stale
 
 
-def normalize_files(paths: list[Path]) -> None:
+def normalize_files(paths: list[Path], root: Path = ROOT) -> None:
     """Rewrite each notebook in its normal form."""
+    home = repository(root)
     for path in paths:
-        relative = path.resolve().relative_to(ROOT).as_posix()
-        path.write_text(dumps(normalized(nbformat.read(path, as_version=4), relative)))
+        relative = path.resolve().relative_to(root.resolve()).as_posix()
+        path.write_text(dumps(normalized(nbformat.read(path, as_version=4), relative, home)))
+
+
+def readme_with_home(text: str, home: str) -> str:
+    """The README's text with every Colab badge pointing at ``home``."""
+    return README_BADGE.sub(lambda m: colab_url(m["path"], home), text)
+
+
+def readme_problems(root: Path = ROOT) -> list[str]:
+    """README badges that name another home than pyproject's, or a notebook that is not
+    there."""
+    text, home = (root / "README.md").read_text(), repository(root)
+    problems = [
+        f"README.md: the badge for {m['path']} names {m['home']}, pyproject says {home} "
+        f"(run: python tools/notebooks.py set-home {home})"
+        for m in README_BADGE.finditer(text) if m["home"] != home
+    ]
+    problems += [
+        f"README.md: the badge for {m['path']} opens a notebook that does not exist"
+        for m in README_BADGE.finditer(text) if not (root / m["path"]).is_file()
+    ]
+    return problems
+
+
+def home_name(text: str) -> str:
+    """A ``type=`` for ``set-home``: ``OWNER/REPO`` as GitHub spells a repository."""
+    if not HOME_NAME.fullmatch(text) or text.endswith((".git", "/")) or ".." in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a GitHub repository as OWNER/REPO (e.g. my-org/paged-attention)"
+        )
+    return text
+
+
+def set_home(home: str, root: Path = ROOT) -> list[str]:
+    """Make ``home`` the course's repository: pyproject's URL, then every badge and install
+    cell (notebooks, solutions, exercises, README) rewritten from it."""
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text()
+    line = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
+    if len(line.findall(text)) != 1:
+        raise ValueError(f"{pyproject} has no single 'Repository = \"...\"' line to rewrite")
+    pyproject.write_text(line.sub(f'Repository = "{GITHUB}{home}"', text))
+    normalize_files(_all_sources(root), root)
+    messages = generate_exercises(root=root)
+    readme = root / "README.md"
+    readme.write_text(readme_with_home(readme.read_text(), home))
+    return [f"home is now {GITHUB}{home}", *messages]
 
 
 def execute_files(paths: list[Path], timeout: int = 600) -> None:
@@ -222,8 +308,8 @@ def execute_files(paths: list[Path], timeout: int = 600) -> None:
     normalize_files(paths)
 
 
-def _all_sources() -> list[Path]:
-    return sorted(p for folder in FOLDERS[:2] for p in (ROOT / folder).glob("*.ipynb"))
+def _all_sources(root: Path = ROOT) -> list[Path]:
+    return sorted(p for folder in FOLDERS[:2] for p in (root / folder).glob("*.ipynb"))
 
 
 def notebook_file(text: str) -> Path:
@@ -246,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("exercises").add_argument("--force", action="store_true")
     sub.add_parser("execute").add_argument("paths", nargs="*", type=notebook_file)
     sub.add_parser("check")
+    sub.add_parser("set-home").add_argument("home", type=home_name, metavar="OWNER/REPO")
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -262,6 +349,8 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(generate_exercises(force=args.force)) or "exercises/ is up to date")
     elif args.action == "execute":
         execute_files(args.paths or _all_sources())
+    elif args.action == "set-home":
+        print("\n".join(set_home(args.home)))
     else:
         stale = stale_files()
         print("\n".join(stale) or "all notebooks are normalised and exercises/ is up to date")

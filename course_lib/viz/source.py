@@ -35,6 +35,9 @@ class SourceView:
 
     def _repr_html_(self) -> str:
         body = highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True))
+        # Pygments 2.20 began escaping quotes in text; text needs only & < > escaped, so
+        # quotes are written plainly and the output is the same on every Pygments.
+        body = body.replace("&quot;", '"').replace("&#x27;", "'").replace("&#39;", "'")
         caption = (
             '<div class="source-caption" style="font-size:12px;color:#57606a;'
             f'margin:2px 0 4px">{html.escape(self.caption)}</div>'
