@@ -1,7 +1,8 @@
 """The course's two set-up commands, for a fresh machine that has only Python 3.11+.
 
-    python3 tools/course.py lab    # install into .venv, open JupyterLab on chapter 00
-    python3 tools/course.py test   # install into .venv, run the whole test suite
+    python3 tools/course.py lab      # install into .venv, open JupyterLab on chapter 00
+    python3 tools/course.py test     # install into .venv, run the whole test suite
+    python3 tools/course.py install  # only the install both of them begin with
     python3 tools/course.py grade SUBMISSIONS/ --out grades.csv   # instructors
 
 Both create ``.venv`` beside this repository and install ``course_lib`` with its dev extra
@@ -81,12 +82,12 @@ def grade(*arguments: str) -> None:
 
 
 def main() -> None:
-    """Dispatch ``lab``, ``test`` or ``grade ARGUMENTS``."""
-    usage = f"usage: python3 {Path(__file__).relative_to(ROOT)} {{lab,test,grade ...}}"
+    """Dispatch ``lab``, ``test``, ``install`` or ``grade ARGUMENTS``."""
+    usage = f"usage: python3 {Path(__file__).relative_to(ROOT)} {{lab,test,install,grade ...}}"
     if len(sys.argv) >= 2 and sys.argv[1] == "grade":
         grade(*sys.argv[2:])
-    elif len(sys.argv) == 2 and sys.argv[1] in ("lab", "test"):
-        {"lab": lab, "test": test}[sys.argv[1]]()
+    elif len(sys.argv) == 2 and sys.argv[1] in ("lab", "test", "install"):
+        {"lab": lab, "test": test, "install": install}[sys.argv[1]]()
     else:
         sys.exit(usage)
 
