@@ -88,7 +88,8 @@ if "google.colab" in sys.modules:
             def _render_traceback_(self):  # IPython shows this one line, no traceback
                 return [str(self)]
 
-        reason = (pip.stderr.strip().splitlines() or ["pip said nothing"])[-1]
+        said = [line.strip() for line in pip.stderr.splitlines() if line.strip()] or ["no reason"]
+        reason = next((s for s in said if s.startswith(("fatal:", "ERROR:"))), said[-1])
         raise CourseInstallFailed(
             f"Installing course_lib from {{HOME}} failed ({{reason}}). Open this notebook "
             f"from the course's published copy, or install it by hand: pip install '{{SOURCE}}'"
