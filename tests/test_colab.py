@@ -131,3 +131,17 @@ def test_the_first_cell_fails_in_one_line_and_stops_run_all(
     assert "Failed to connect" in line or "unable to access" in line, line
     assert line.endswith(f"pip install 'course_lib @ git+https://github.com/{home}'")
     assert all(cell.execution_count is None for cell in nb.cells[2:] if cell.cell_type == "code")
+
+
+@pytest.mark.parametrize("module", ["__main__", "course_lib.viz.fake"])
+def test_a_warning_from_the_course_or_a_cell_fails_the_colab_run(
+    colab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    """The net the notebooks run under catches a warning raised from the course's code or
+    a cell, even one that Colab's default filters would hide."""
+    monkeypatch.setenv("JUPYTER_PATH", str(kernelspec(tmp_path, "colab", colab[0], {})))
+    warn = "import warnings\nwarnings.warn('deprecated', DeprecationWarning)"
+    source = f"exec(compile({warn!r}, 'code.py', 'exec'), {{'__name__': {module!r}}})"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    with pytest.raises(CellExecutionError, match="DeprecationWarning"):
+        NotebookClient(nb, kernel_name="colab", timeout=120).execute()

@@ -113,3 +113,57 @@ def test_solutions_store_every_check_passed(path: Path) -> None:
               for payload in [output.get("data", {}).get(CHECK_MIME)] if payload}
     expected = {e.name for e in chapter_exercises(path.name[:2])}
     assert stored == dict.fromkeys(expected, "passed")
+
+
+def course_copy(destination: Path) -> Path:
+    """The files the course's home is written into, copied to ``destination``."""
+    for name in ("pyproject.toml", "README.md"):
+        (destination / name).write_bytes((ROOT / name).read_bytes())
+    for folder in pipeline.FOLDERS:
+        (destination / folder).mkdir()
+        for path in (ROOT / folder).glob("*.ipynb"):
+            (destination / folder / path.name).write_bytes(path.read_bytes())
+    return destination
+
+
+def test_set_home_moves_every_badge_and_install_cell(tmp_path: Path) -> None:
+    root, old = course_copy(tmp_path), pipeline.repository()
+    messages = pipeline.set_home("my-org/kv-course", root=root)
+    assert messages[0] == "home is now https://github.com/my-org/kv-course"
+    assert pipeline.repository(root) == "my-org/kv-course"
+    assert pipeline.stale_files(root) == []
+    texts = [p.read_text() for p in root.rglob("*") if p.is_file()]
+    assert not any(old in text for text in texts)
+    for path in root.rglob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        assert "colab.research.google.com/github/my-org/kv-course/blob/main/" in nb.cells[0].source
+        assert 'HOME = "https://github.com/my-org/kv-course"' in nb.cells[1].source
+    readme = (root / "README.md").read_text()
+    assert readme.count("colab.research.google.com/github/my-org/kv-course/") == 28
+
+
+def test_check_fails_when_a_badge_or_install_cell_names_another_home(tmp_path: Path) -> None:
+    root, home = course_copy(tmp_path), pipeline.repository()
+    readme = root / "README.md"
+    badge = "/blob/main/notebooks/03"
+    readme.write_text(readme.read_text().replace(f"{home}{badge}", f"x/y{badge}", 1))
+    lecture = root / "notebooks" / "05_preemption_and_scheduling.ipynb"
+    install = f"https://github.com/{home}"
+    lecture.write_text(lecture.read_text().replace(install, "https://github.com/x/y", 1))
+    problems = pipeline.stale_files(root)
+    assert problems[0].startswith("README.md: the badge for notebooks/03_block_tables.ipynb")
+    assert "names x/y, pyproject says" in problems[0]
+    assert "notebooks/05_preemption_and_scheduling.ipynb is not normalised" in problems
+    assert len(problems) == 2
+
+
+@pytest.mark.parametrize("home", ["no-slash", "a/b/c", "a/b?c", "a/b.git", "a/", "a/..", "a b/c"])
+def test_set_home_refuses_what_is_not_a_repository(
+    home: str, capsys: pytest.CaptureFixture
+) -> None:
+    before = (ROOT / "pyproject.toml").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        pipeline.main(["set-home", home])
+    assert stopped.value.code == 2
+    assert f"{home!r} is not a GitHub repository" in capsys.readouterr().err
+    assert (ROOT / "pyproject.toml").read_text() == before
