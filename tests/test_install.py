@@ -68,7 +68,9 @@ def test_constraints_resolve_on_every_supported_python(tmp_path: Path) -> None:
     with ThreadPoolExecutor(len(SUPPORTED)) as pool:
         chosen = dict(zip(SUPPORTED, pool.map(lambda v: resolve(v, tmp_path), SUPPORTED), strict=True))
     for python, resolved in chosen.items():
-        unpinned = sorted(n for n in resolved if n not in pinned and not LEFT_TO_TORCH.fullmatch(n))
+        unpinned = sorted(
+            n for n in resolved if n not in pinned and not LEFT_TO_TORCH.fullmatch(n)
+        )
         assert unpinned == [], f"Python {python} installs packages the constraints do not pin"
         for name, version in resolved.items():
             assert pinned.get(name, version).split("+")[0] == version.split("+")[0], name
