@@ -66,7 +66,8 @@ def resolve(python: str, tmp_path: Path) -> dict[str, str]:
 def test_constraints_resolve_on_every_supported_python(tmp_path: Path) -> None:
     pinned = pins()
     with ThreadPoolExecutor(len(SUPPORTED)) as pool:
-        chosen = dict(zip(SUPPORTED, pool.map(lambda v: resolve(v, tmp_path), SUPPORTED), strict=True))
+        resolved_sets = pool.map(lambda python: resolve(python, tmp_path), SUPPORTED)
+        chosen = dict(zip(SUPPORTED, resolved_sets, strict=True))
     for python, resolved in chosen.items():
         unpinned = sorted(
             n for n in resolved if n not in pinned and not LEFT_TO_TORCH.fullmatch(n)
