@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -45,7 +47,9 @@ def freeze(python: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def colab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], dict[str, str]]:
+def colab(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, dict[str, str], dict[str, str]]]:
     """A Colab-like environment with the course installed as the first cell installs it:
     its python, and what it held before and after."""
     home = tmp_path_factory.mktemp("colab")
@@ -58,7 +62,8 @@ def colab(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     # The first cell's command, with this checkout in place of the repository on GitHub.
     subprocess.run([python, "-m", "pip", "install", "-q", f"course_lib @ {clone.as_uri()}"],
                    check=True, capture_output=True, timeout=600)
-    return python, before, freeze(python)
+    yield python, before, freeze(python)
+    shutil.rmtree(home, ignore_errors=True)  # over a gigabyte: not kept for three runs
 
 
 def kernelspec(folder: Path, name: str, python: Path, env: dict[str, str]) -> Path:

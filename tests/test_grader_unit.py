@@ -291,3 +291,29 @@ def test_check_leaves_the_cases_to_the_grader_in_a_graded_kernel(
     result = check("00.to_kib", lambda n: 1 / 0)
     assert (result.total, result.passed) == (0, 0)
     assert "grader runs this check itself" in capsys.readouterr().out
+
+
+def test_cleanup_removes_whatever_a_kernel_leaves_and_never_raises(tmp_path: Path) -> None:
+    """A symlink out of the run folder, a tree deeper than recursion and longer than a path,
+    a setuid file and a folder without its write bit: all gone, nothing outside touched."""
+    from course_lib.grading.execute import _remove
+
+    root, outside = tmp_path / "sandbox", tmp_path / "outside"
+    (root / "run" / "locked").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "classmate.ipynb").write_text("{}")
+    (root / "run" / "link").symlink_to(outside)
+    (root / "run" / "dangling").symlink_to("/nonexistent")
+    (root / "run" / "locked" / "f").write_text("x")
+    (root / "run" / "locked").chmod(0o500)
+    fd = os.open(root / "run", os.O_RDONLY)
+    for _ in range(1500):  # 1,500 levels of 50-character names: past 4,096-byte paths
+        os.mkdir("d" * 50, dir_fd=fd)
+        deeper = os.open("d" * 50, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(os.open("setuid", os.O_WRONLY | os.O_CREAT, 0o4755, dir_fd=fd))
+    os.close(fd)
+    _remove(root)
+    assert not root.exists()
+    assert (outside / "classmate.ipynb").read_text() == "{}"

@@ -61,6 +61,7 @@ def test_no_solution_code_leaks_into_exercises() -> None:
 
 def test_generator_keeps_a_learners_changes_unless_forced(tmp_path: Path) -> None:
     (tmp_path / "solutions").mkdir()
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
     name = "01_kv_cache_arithmetic.ipynb"
     (tmp_path / "solutions" / name).write_text((ROOT / "solutions" / name).read_text())
     assert pipeline.generate_exercises(root=tmp_path) == [f"wrote exercises/{name}"]

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -187,13 +186,29 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
 
 
 def _remove(root: Path) -> None:
-    """Delete a notebook's folders, even where the kernel took the write bit off a folder in
-    the run folder it shares."""
-    for folder, dirs, _ in os.walk(root):
-        for name in dirs:
+    """Delete a notebook's folders whatever its kernel left there, and never raise: folders
+    without the write bit, symlinks (removed, never followed), trees too deep for a
+    recursive walk or too long for a path. Each folder found is first moved up to ``root``,
+    so every path stays short and the walk needs no recursion."""
+    moved, pending = 0, [root]
+    while pending:
+        folder = pending.pop()
+        with contextlib.suppress(OSError):
+            os.chmod(folder, 0o700)
+            for entry in list(os.scandir(folder)):
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        moved += 1
+                        os.chmod(entry.path, 0o700)  # moving a folder rewrites its ".."
+                        os.rename(entry.path, root / f".removed-{moved}")
+                        pending.append(root / f".removed-{moved}")
+                    else:
+                        os.unlink(entry.path)
+        if folder != root:
             with contextlib.suppress(OSError):
-                os.chmod(os.path.join(folder, name), 0o700, follow_symlinks=False)
-    shutil.rmtree(root, ignore_errors=True)
+                os.rmdir(folder)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)
 
 
 async def _kill(km: AsyncKernelManager) -> None:
