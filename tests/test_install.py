@@ -93,9 +93,9 @@ def test_a_pin_that_needs_a_newer_python_is_caught(tmp_path: Path) -> None:
     assert not resolves_on("3.11.0") and resolves_on("3.11.5")
 
 
-def second_interpreter() -> Path | None:
+def second_interpreter() -> tuple[Path, str] | None:
     """Another Python 3.11+ on this machine than the one running the tests (Debian's own,
-    3.11.2 on the course's machines), or None."""
+    3.11.2 on the course's machines), and its version; or None."""
     for candidate in (Path("/usr/bin/python3.11"), Path("/usr/bin/python3")):
         if not candidate.is_file():
             continue
@@ -104,8 +104,11 @@ def second_interpreter() -> Path | None:
             capture_output=True, text=True,
         ).stdout.split()
         if version and version[0] == "True" and version[1] != sys.version.split()[0]:
-            return candidate
+            return candidate, version[1]
     return None
+
+
+OTHER_PYTHON = second_interpreter()
 
 
 def tracked_copy(destination: Path) -> Path:
@@ -123,17 +126,17 @@ def tracked_copy(destination: Path) -> Path:
     return destination
 
 
-@pytest.mark.skipif(second_interpreter() is None, reason="no second Python 3.11+ here")
+@pytest.mark.skipif(OTHER_PYTHON is None, reason="no second Python 3.11+ here")
 def test_readme_install_with_the_machines_other_python(tmp_path: Path) -> None:
-    python = second_interpreter()
+    python, version = OTHER_PYTHON
     clone = tracked_copy(tmp_path / "clone")
     try:
-        installed_and_working(python, clone, tmp_path)
+        installed_and_working(python, version, clone, tmp_path)
     finally:
         shutil.rmtree(clone, ignore_errors=True)  # over a gigabyte: not kept for three runs
 
 
-def installed_and_working(python: Path, clone: Path, tmp_path: Path) -> None:
+def installed_and_working(python: Path, version: str, clone: Path, tmp_path: Path) -> None:
     """Run the README's install in ``clone`` with ``python``; check the result works."""
     result = subprocess.run([python, "tools/course.py", "install"], cwd=clone,
                             capture_output=True, text=True, timeout=900)
@@ -147,12 +150,10 @@ def installed_and_working(python: Path, clone: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert smoke.returncode == 0 and json.loads(smoke.stdout)["bytes_per_token"] == 131072
-    versions = subprocess.run(
+    installed = subprocess.run(
         [venv_python, "-c", "import sys, course_lib, nbval, jupyterlab, torch; "
          "print(sys.version.split()[0], course_lib.__file__)"],
         capture_output=True, text=True, cwd=tmp_path,
     ).stdout.split()
-    assert versions[0] == subprocess.run(
-        [python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
-        text=True).stdout.strip()
-    assert Path(versions[1]).is_relative_to(clone)
+    assert installed[0] == version
+    assert Path(installed[1]).is_relative_to(clone)

@@ -106,12 +106,9 @@ def install_source(home: str) -> str:
     return INSTALL_TEMPLATE.format(repository=GITHUB + home)
 
 
-def normalized(
-    nb: nbformat.NotebookNode, relative_path: str, home: str | None = None
-) -> nbformat.NotebookNode:
-    """A copy of ``nb`` with the course's header cells, kernelspec and clean metadata
-    (``home`` defaults to pyproject's)."""
-    home = home or repository()
+def normalized(nb: nbformat.NotebookNode, relative_path: str, home: str) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with the course's header cells (for the course at ``home``),
+    kernelspec and clean metadata."""
     nb = copy.deepcopy(nb)
     body = [c for c in nb.cells if c.get("id") not in (BADGE_ID, INSTALL_ID)]
     badge = nbformat.v4.new_markdown_cell(badge_markdown(relative_path, home), id=BADGE_ID)
@@ -163,7 +160,7 @@ def sources_hash(nb: nbformat.NotebookNode) -> str:
 
 
 def exercise_from_solution(
-    solution: nbformat.NotebookNode, name: str, home: str | None = None
+    solution: nbformat.NotebookNode, name: str, home: str
 ) -> nbformat.NotebookNode:
     """The exercise notebook for ``solutions/<name>``: stubs, tags, no outputs."""
     nb = copy.deepcopy(solution)
@@ -273,7 +270,7 @@ def readme_problems(root: Path = ROOT) -> list[str]:
 
 def home_name(text: str) -> str:
     """A ``type=`` for ``set-home``: ``OWNER/REPO`` as GitHub spells a repository."""
-    if not HOME_NAME.fullmatch(text) or text.endswith((".git", "/")) or ".." in text:
+    if not HOME_NAME.fullmatch(text) or text.endswith(".git") or ".." in text:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a GitHub repository as OWNER/REPO (e.g. my-org/paged-attention)"
         )

@@ -199,9 +199,10 @@ def _remove(root: Path) -> None:
                 with contextlib.suppress(OSError):
                     if entry.is_dir(follow_symlinks=False):
                         moved += 1
+                        flattened = root / f".removed-{moved}"
                         os.chmod(entry.path, 0o700)  # moving a folder rewrites its ".."
-                        os.rename(entry.path, root / f".removed-{moved}")
-                        pending.append(root / f".removed-{moved}")
+                        os.rename(entry.path, flattened)
+                        pending.append(flattened)
                     else:
                         os.unlink(entry.path)
         if folder != root:
