@@ -2,7 +2,9 @@
 
 ``setup_notebook()`` is the first call of every lecture. It fixes matplotlib's style so
 figures look the same everywhere, and gives figures a stable plain-text form (their title)
-so stored outputs carry no machine-dependent repr.
+so stored outputs carry no machine-dependent repr. A notebook progress bar gets a plain-text
+form too: what it counts. Its text is stored once, when the bar is first shown, so tqdm's own
+form would read "0%" forever on GitHub, where the live widget does not render.
 """
 
 from __future__ import annotations
@@ -33,9 +35,25 @@ def figure_text(fig: Figure) -> str:
     return f"[figure: {title}]"
 
 
+def progress_text(bar: object) -> str:
+    """Plain-text stand-in for a tqdm notebook bar: its description and total, not the state
+    it had when it was displayed."""
+    counter = getattr(bar, "pbar", None)
+    if counter is None:
+        return "[progress]"
+    meter = counter.format_dict
+    total = f", {meter['total']:,} {meter['unit']}" if meter["total"] else ""
+    return f"[progress: {meter['prefix'] or 'working'}{total}]"
+
+
 def setup_notebook() -> None:
-    """Apply the course style and register the figure text form in IPython, if running."""
+    """Apply the course style, and register the figure and progress-bar text forms in
+    IPython, if running."""
     mpl.rcParams.update(STYLE)
+    from tqdm.notebook import TqdmHBox
+
+    # A widget's text form is its repr (ipywidgets 7 and 8 alike), not a formatter's.
+    TqdmHBox.__repr__ = lambda bar, pretty=False: progress_text(bar)
     import matplotlib.pyplot as plt
 
     # The first figure activates the notebook backend, which resets every Figure formatter;
