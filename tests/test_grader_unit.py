@@ -107,13 +107,17 @@ def test_judging_a_harvest_scores_in_this_process() -> None:
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.booleans(), max_size=8))
-def test_no_score_exceeds_the_share_of_fresh_cases(fixed: list[bool], fresh: list[bool]) -> None:
-    """Answers copied from check's reports pass the fixed cases only: they earn nothing."""
+def test_only_fresh_cases_decide_a_score(fixed: list[bool], fresh: list[bool]) -> None:
+    """Answers copied from check's reports pass the fixed cases only: they earn nothing, and
+    failing a fixed case that a fresh one of its kind passes costs nothing either."""
     share, text = grade_score([*fixed, *fresh], len(fixed))
-    assert share <= sum(fixed) / len(fixed)
+    assert f"{sum(fixed)}/{len(fixed)} fixed" in text
     if fresh:
-        assert share <= sum(fresh) / len(fresh)
+        assert share == sum(fresh) / len(fresh)
+        assert share == grade_score([True] * len(fixed) + fresh, len(fixed))[0]
         assert f"{sum(fresh)}/{len(fresh)} fresh" in text
+    else:
+        assert share == sum(fixed) / len(fixed)
     assert grade_score([True] * 5 + [False] * 3, 5)[0] == 0.0
 
 

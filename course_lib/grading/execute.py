@@ -1,10 +1,13 @@
 """Run one submitted notebook in a sandboxed kernel and collect its harvests (grader side).
 
 The notebook's code cells run in a kernel inside a bubblewrap sandbox (see ``sandbox``),
-driven by nbclient over Jupyter's ``ipc`` transport. After each exercise's last ``check``
-cell the grader adds a harvest cell carrying that exercise's cases (see ``harvest``); only
-that cell's JSON between a per-run nonce comes back. A wall-clock limit, an address-space
-limit and an output cap bound every notebook; ending the sandbox ends all it started.
+driven by nbclient over Jupyter's ``ipc`` transport: the kernel's sockets lie in an
+in-memory folder of the sandbox's own, which the grader reaches through ``/proc/PID/root``.
+After each exercise's last ``check`` cell the grader adds a harvest cell carrying that
+exercise's cases (see ``harvest``); only that cell's JSON between a per-run nonce comes back.
+A wall-clock limit, memory limits (a cgroup where the grader may make one) and an output cap
+bound every notebook, and ZeroMQ refuses any message over the cap before the grader reads
+it; ending the sandbox ends all it started.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,13 +26,25 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import zmq
+import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_lib.grading import GRADING_ENV
-from course_lib.grading.sandbox import Layout, kernel_argv, write_library
+from course_lib.grading.sandbox import (
+    CONNECTION,
+    IPC,
+    Layout,
+    import_paths,
+    kernel_argv,
+    make_cgroup,
+    remove_cgroup,
+    seccomp_program,
+    write_library,
+)
 from course_lib.limits import GRADER_MEMORY_MB
 
 KERNEL = "course-grade-sandbox"
@@ -43,7 +59,7 @@ class Limits:
     timeout: float = 300.0
     memory_mb: int = GRADER_MEMORY_MB
     output_mb: int = 16
-    harvest_mb: int = 64
+    harvest_mb: int = 16
     work_mb: int = 512
     startup: float = 120.0
 
@@ -137,28 +153,63 @@ def _kernel_env(layout: Layout) -> dict[str, str]:
     """The kernel's whole environment: nothing of the grader's leaks in."""
     work = layout.work
     return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": str(work),
-            "TMPDIR": str(work / "tmp"), "PYTHONPATH": str(layout.library),
+            "TMPDIR": str(work / "tmp"),
+            "PYTHONPATH": os.pathsep.join([str(layout.library), *import_paths()]),
             "IPYTHONDIR": str(work / ".ipython"), "MPLCONFIGDIR": str(work / ".mpl"),
             "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "MALLOC_ARENA_MAX": "2",
             "TRITON_CACHE_DIR": str(work / ".triton"), "JUPYTER_PLATFORM_DIRS": "1",
             GRADING_ENV: "1"}
 
 
-def _prepare(root: Path, kernel: Kernel, limits: Limits) -> tuple[Layout, dict[str, str]]:
-    """Lay out ``root``: the library copy, the work folder, the run folder, the kernel spec;
-    return the layout and the environment the kernel is started with."""
-    layout = Layout(root / "lib", root / "work", root / "run")
+def kernel_command() -> list[str]:
+    """How a kernel starts, inside the sandbox or not."""
+    return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+
+def _prepare(root: Path, kernel: Kernel, limits: Limits,
+             command: list[str]) -> tuple[Layout, dict[str, str], list[str]]:
+    """Lay out ``root``: the library copy, the run folder, the seccomp filter, a cgroup
+    where one can be made; return the layout, the kernel's environment and the argv that
+    runs ``command`` confined."""
+    cgroup = make_cgroup(root.name, limits.memory_mb) if kernel.bwrap else ""
+    layout = Layout(root / "lib", root / "work", root / "run", root / "seccomp.bpf", cgroup)
     write_library(kernel.library, layout.library)
     layout.run.mkdir()
     (layout.work / "tmp").mkdir(parents=True)  # in a sandbox, hidden by its own work folder
+    layout.seccomp.write_bytes(seccomp_program() if kernel.bwrap else b"")
     env = _kernel_env(layout)
-    argv = kernel_argv(kernel.bwrap, layout, limits.memory_mb, max(limits.output_mb, 64),
-                       limits.work_mb, env)
-    spec = root / "kernels" / KERNEL
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps(
-        {"argv": argv, "display_name": "sandbox", "language": "python"}))
-    return layout, env
+    return layout, env, kernel_argv(kernel.bwrap, layout, limits.memory_mb,
+                                    max(limits.output_mb, 64), limits.work_mb, env, command)
+
+
+def _new_root() -> Path:
+    return Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp" if Path("/tmp").is_dir() else None))
+
+
+def preflight(kernel: Kernel, limits: Limits) -> str:
+    """Why no kernel can start in this grader's sandbox ("" when one can): the interpreter,
+    its packages and the course import there under the limits, as a kernel's do."""
+    probe = "import ipykernel_launcher, cloudpickle, course_lib.grading.harvest"
+    root, cgroup = _new_root(), ""
+    try:
+        layout, env, argv = _prepare(root, kernel, limits, [sys.executable, "-c", probe])
+        cgroup = layout.cgroup
+        (layout.run / CONNECTION).write_text("{}")
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
+                              timeout=limits.startup)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        remove_cgroup(cgroup)
+        _remove(root)
+    lines = done.stderr.strip().splitlines()
+    return "" if done.returncode == 0 else (lines or [f"exit status {done.returncode}"])[-1]
+
+
+def _message_cap(limits: Limits) -> int:
+    """Largest ZeroMQ message the grader accepts: one whole output or harvest cap."""
+    return (max(limits.output_mb, limits.harvest_mb) << 20) + (1 << 16)
 
 
 async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: Limits,
@@ -166,20 +217,30 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
     """Run the code cells ``sources`` in a sandboxed kernel; return the harvests."""
     nonce = secrets.token_hex(16)
     runnable, harvest_at = with_harvests(sources, harvests, nonce)
-    root = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    root = _new_root()
     result = Execution()
-    km = None
+    km, layout = None, None
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, _message_cap(limits))
+    context.setsockopt(zmq.RCVHWM, 4)
     try:
-        layout, env = _prepare(root, kernel, limits)
-        km = AsyncKernelManager(kernel_name=KERNEL, transport="ipc", ip=str(layout.run / "k"),
+        layout, env, argv = _prepare(root, kernel, limits, kernel_command())
+        spec = root / "kernels" / KERNEL
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps(
+            {"argv": argv, "display_name": "sandbox", "language": "python"}))
+        km = AsyncKernelManager(kernel_name=KERNEL, transport="ipc", context=context,
+                                ip=f"{IPC}/k" if kernel.bwrap else str(layout.run / "k"),
                                 kernel_spec_manager=KernelSpecManager(
                                     kernel_dirs=[str(root / "kernels")]))
-        km.connection_file = str(layout.run / "kernel.json")
-        await _run(km, runnable, harvest_at, limits, layout, env, result)
+        km.connection_file = str(layout.run / CONNECTION)
+        await _run(km, runnable, harvest_at, limits, layout, env, result, kernel.bwrap)
     finally:
         if km is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
+        context.destroy(linger=0)
+        remove_cgroup(layout.cgroup if layout is not None else "")
         _remove(root)
     _read_harvests(runnable, harvest_at, nonce, result)
     return result
@@ -218,8 +279,53 @@ async def _kill(km: AsyncKernelManager) -> None:
         await km.kill_kernel()
 
 
+async def _sandbox_ipc(km: AsyncKernelManager, timeout: float) -> str:
+    """The kernel's socket prefix as the grader reaches it: the ``ipc`` folder inside the
+    sandbox, through ``/proc/PID/root`` of ``bwrap``'s first child (the sandbox's root)."""
+    pid = km.provisioner.pid  # type: ignore[union-attr]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap":
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                if children:
+                    return f"/proc/{children[0]}/root{IPC}/k"
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"no sandbox appeared within {timeout:g} s")
+
+
+async def _start(km: AsyncKernelManager, client: NotebookClient, limits: Limits,
+                 layout: Layout, env: dict[str, str], sandboxed: bool) -> None:
+    """Start the kernel and connect to it."""
+    await km.start_kernel(env=env, cwd=str(layout.work), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    if sandboxed:
+        km.ip = await _sandbox_ipc(km, limits.startup)
+    client.kc = km.client()
+    client.kc.start_channels()
+    await client.kc.wait_for_ready(timeout=limits.startup)
+
+
+async def _watch_sockets(km: AsyncKernelManager, client: _LimitedClient) -> None:
+    """Note a kernel that sent a message over the cap: ZeroMQ drops the connection without
+    reading it (``MAXMSGSIZE``), and the kernel is still alive a moment later."""
+    monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                for channel in (client.kc.iopub_channel, client.kc.shell_channel)]
+    try:
+        await asyncio.wait([asyncio.ensure_future(m.recv_multipart()) for m in monitors],
+                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(1)
+        if await km.is_alive() and not client.over:
+            client.over = "message"
+            client.on_over()
+    finally:
+        for monitor in monitors:
+            monitor.close(linger=0)
+
+
 async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, str],
-               limits: Limits, layout: Layout, env: dict[str, str], result: Execution) -> None:
+               limits: Limits, layout: Layout, env: dict[str, str], result: Execution,
+               sandboxed: bool) -> None:
     """Start the kernel and run every cell under the limits, noting what went wrong."""
     loop = asyncio.get_running_loop()
 
@@ -232,19 +338,17 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,
                             startup_timeout=limits.startup)
     try:
-        await km.start_kernel(env=env, cwd=str(layout.work), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-        client.kc = km.client()
-        client.kc.start_channels()
-        await client.kc.wait_for_ready(timeout=limits.startup)
+        await _start(km, client, limits, layout, env, sandboxed)
     except Exception as error:  # no learner code has run yet: the grader's own problem
         result.status, result.problem = "kernel died", f"kernel did not start ({error})"[:300]
         result.grader_problem = result.problem
         return
     task = asyncio.ensure_future(client.async_execute())
+    watch = asyncio.ensure_future(_watch_sockets(km, client))
     try:
         await asyncio.wait({task}, timeout=limits.timeout)
         if not task.done():  # the clock decides, whatever nbclient makes of the kill
+            watch.cancel()
             await _kill(km)
             result.status, result.problem = _why(TimeoutError(), limits)
             task.cancel()
@@ -256,16 +360,20 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
             if not result.status:
                 result.status, result.problem = _why(error, limits)
         except Exception as error:  # nbclient choked on a message the kernel forged
+            watch.cancel()
             await _kill(km)
             if not result.status:
                 result.status = "kernel died"
                 result.problem = f"the kernel broke Jupyter's protocol ({type(error).__name__})"
     finally:
+        watch.cancel()
         client.kc.stop_channels()
     if client.over:
         result.status = "output limit"
-        result.problem = (f"printed more than {limits.output_mb} MB" if client.over == "output"
-                          else f"harvest over {limits.harvest_mb} MB")
+        result.problem = {"output": f"printed more than {limits.output_mb} MB",
+                          "harvest": f"harvest over {limits.harvest_mb} MB",
+                          "message": f"sent a message over {_message_cap(limits) >> 20} MB"
+                          }[client.over]
     result.first_error = _first_error(runnable, harvest_at, limits)
 
 

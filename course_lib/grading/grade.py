@@ -84,16 +84,18 @@ def build_chapter(chapter: str, seed: int) -> ChapterCases:
 
 
 def score(passed: Sequence[bool], fixed: int) -> tuple[float, str]:
-    """(score, what passed): the lower of the shares of fixed and of fresh cases passed.
+    """(score, what passed): the share of fresh cases passed, or of fixed ones where an
+    exercise draws none.
 
-    The fixed cases are those a learner's ``check`` shows, expected values included; only
-    the fresh ones, drawn for this run, show that the code computes the answers itself, so
-    no score can exceed their share.
+    The fixed cases are those a learner's ``check`` shows, expected values included, so
+    passing them proves nothing: a notebook can hard-code their answers and errors. Only the
+    fresh ones, drawn for this run and covering every kind of fixed case, show that the code
+    computes the answers itself, so they alone decide the score.
     """
     old, new = passed[:fixed], passed[fixed:]
-    shares = [sum(part) / len(part) for part in (old, new) if part]
     text = f"{sum(old)}/{len(old)} fixed" + (f" and {sum(new)}/{len(new)} fresh" if new else "")
-    return min(shares, default=0.0), f"{text} cases passed"
+    counted = new or old
+    return (sum(counted) / len(counted) if counted else 0.0), f"{text} cases passed"
 
 
 def judge_harvest(text: str, cases: Sequence[Case],
