@@ -50,6 +50,11 @@ MAX_TRACE_FILE_BYTES = 2**26
 MAX_INT = 2**63 - 1
 """Largest seed, priority level count or scheduler limit: what numpy's int64 holds."""
 
+GRADER_MIN_MEMORY_MB = 1024
+"""Least ``grade --memory-mb`` accepted: a kernel in the sandbox started 4 of 4 times at 256 MB
+and imported torch at 768 MB (glibc held to two malloc arenas); below 512 MB it failed to
+start 3 times in 4 before that. 1,024 MB leaves every chapter's imports room."""
+
 GRADER_MEMORY_MB = 12_288
 """Default address-space limit of a graded notebook's kernel (``grade --memory-mb``). Address
 space, not resident memory: chapter 06's 64-bit-addressing case maps an 8 GiB K/V cache it

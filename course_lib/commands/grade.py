@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from course_lib.commands import integer, number
-from course_lib.limits import GRADER_MEMORY_MB
+from course_lib.limits import GRADER_MEMORY_MB, GRADER_MIN_MEMORY_MB
 
 MAX_TIMEOUT_S = 86_400.0
 """Longest per-notebook time limit ``--timeout`` accepts: a day (inf would mean no limit)."""
@@ -46,9 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="CSV to write; the summary goes beside it as .txt")
     parser.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, above=True), default=300.0,
                         help="seconds a notebook may run before its whole process tree is killed")
-    parser.add_argument("--memory-mb", type=integer(256, MAX_MEMORY_MB),
+    parser.add_argument("--memory-mb", type=integer(GRADER_MIN_MEMORY_MB, MAX_MEMORY_MB),
                         default=GRADER_MEMORY_MB,
-                        help="address-space limit of each notebook's kernel, in MB")
+                        help="memory of each notebook: the address space of each process and, "
+                        "where a cgroup can be made, of the whole sandbox, in MB (at least "
+                        f"{GRADER_MIN_MEMORY_MB}, what a kernel needs to start)")
     parser.add_argument("--jobs", type=integer(1, MAX_JOBS), default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: the CPU count)")
     parser.add_argument("--chapters", type=chapter_list, default=None,
@@ -76,23 +78,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.submissions.is_dir():
         raise ValueError(f"submissions folder {str(args.submissions)!r} does not exist")
     csv_path, summary_path = output_paths(args.out, args.submissions)
-    if not args.no_sandbox:
-        try:
-            check_available()
-        except SandboxUnavailable as error:
-            print(f"error: cannot grade: {error}", file=sys.stderr)
-            return 1
     limits = Limits(timeout=args.timeout, memory_mb=args.memory_mb)
-    with tqdm(desc="grading", unit="notebook", file=sys.stderr) as bar:
+    try:
+        if not args.no_sandbox:
+            check_available()
+        with tqdm(desc="grading", unit="notebook", file=sys.stderr) as bar:
 
-        def tick(done: int, total: int) -> None:
-            bar.total, bar.n = total, done
-            bar.refresh()
+            def tick(done: int, total: int) -> None:
+                bar.total, bar.n = total, done
+                bar.refresh()
 
-        report = grade_folder(args.submissions, limits, args.jobs, args.chapters,
-                              seed=args.seed, sandbox=not args.no_sandbox, progress=tick)
+            report = grade_folder(args.submissions, limits, args.jobs, args.chapters,
+                                  seed=args.seed, sandbox=not args.no_sandbox, progress=tick)
+    except SandboxUnavailable as error:
+        print(f"error: cannot grade: {error}", file=sys.stderr)
+        return 1
     write_csv(report.rows, csv_path)
-    text = summary(report.rows, report.seed)
+    text = summary(report.rows, report.seed, report.memory)
     summary_path.write_text(text + "\n", encoding="utf-8")
     print(text)
     print(f"\nwrote {csv_path} and {summary_path}")

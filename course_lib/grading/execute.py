@@ -37,10 +37,13 @@ from course_lib.grading import GRADING_ENV
 from course_lib.grading.sandbox import (
     CONNECTION,
     IPC,
+    MAX_TASKS,
+    SCRATCH_MB,
     Layout,
     import_paths,
     kernel_argv,
     make_cgroup,
+    memory_cgroup,
     remove_cgroup,
     seccomp_program,
     write_library,
@@ -188,8 +191,9 @@ def _new_root() -> Path:
 
 
 def preflight(kernel: Kernel, limits: Limits) -> str:
-    """Why no kernel can start in this grader's sandbox ("" when one can): the interpreter,
-    its packages and the course import there under the limits, as a kernel's do."""
+    """Why no kernel can start in this grader's sandbox ("" when one can): first whether the
+    interpreter, its packages and the course import there (which names what is missing),
+    then a real kernel under the limits."""
     probe = "import ipykernel_launcher, cloudpickle, course_lib.grading.harvest"
     root, cgroup = _new_root(), ""
     try:
@@ -203,8 +207,22 @@ def preflight(kernel: Kernel, limits: Limits) -> str:
     finally:
         remove_cgroup(cgroup)
         _remove(root)
-    lines = done.stderr.strip().splitlines()
-    return "" if done.returncode == 0 else (lines or [f"exit status {done.returncode}"])[-1]
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return asyncio.run(execute([], {}, limits, kernel)).grader_problem
+
+
+def memory_bound(limits: Limits, kernel: Kernel) -> str:
+    """What bounds a notebook's memory in this run, for the summary."""
+    if kernel.bwrap is None:
+        return f"no sandbox: each process's address space at most {limits.memory_mb} MB"
+    if memory_cgroup() is not None:
+        return (f"a memory cgroup per notebook: at most {limits.memory_mb} MB in all, "
+                "in-memory files and shared memory included")
+    files = limits.work_mb + 2 * SCRATCH_MB + 1
+    return (f"no cgroup could be made here: at most {MAX_TASKS} processes of "
+            f"{limits.memory_mb} MB address space each plus {files} MB of in-memory files; "
+            "memfd and System V shared memory denied")
 
 
 def _message_cap(limits: Limits) -> int:
@@ -301,7 +319,7 @@ async def _start(km: AsyncKernelManager, client: NotebookClient, limits: Limits,
                           stderr=subprocess.DEVNULL)
     if sandboxed:
         km.ip = await _sandbox_ipc(km, limits.startup)
-    client.kc = km.client()
+    client.kc = km.client(context=km.context)  # the context that caps messages
     client.kc.start_channels()
     await client.kc.wait_for_ready(timeout=limits.startup)
 

@@ -22,11 +22,25 @@ from typing import Any
 
 from course_lib.grading import chapter_exercises
 from course_lib.grading.check import Case, Exercise, exercise_cases, judge
-from course_lib.grading.execute import Execution, Harvest, Kernel, Limits, execute
+from course_lib.grading.execute import (
+    Execution,
+    Harvest,
+    Kernel,
+    Limits,
+    execute,
+    memory_bound,
+    preflight,
+)
 from course_lib.grading.harvest import ship, uses_withheld, withheld_name
-from course_lib.grading.sandbox import check_available, is_exercise_module, library_copy
+from course_lib.grading.sandbox import (
+    SandboxUnavailable,
+    check_available,
+    is_exercise_module,
+    library_copy,
+)
 from course_lib.grading.source import NotANotebook, read_isolated
 from course_lib.grading.submissions import Inventory, Submission, find_submissions
+from course_lib.limits import GRADER_MIN_MEMORY_MB
 
 REFERENCE = "uses the reference implementation"
 UNSANDBOXED = "no sandbox"
@@ -48,12 +62,13 @@ class GradeRow:
 
 @dataclass
 class GradeReport:
-    """All rows, the seed of the fresh cases, and the problems of the grading itself (which
-    make the exit status 1)."""
+    """All rows, the seed of the fresh cases, the problems of the grading itself (which make
+    the exit status 1) and what bounded each notebook's memory."""
 
     rows: list[GradeRow] = field(default_factory=list)
     seed: int = 0
     problems: list[str] = field(default_factory=list)
+    memory: str = ""
 
 
 @dataclass(frozen=True)
@@ -222,18 +237,27 @@ def grade_folder(folder: Any, limits: Limits | None = None, jobs: int = 1,
 
     ``chapters`` defaults to those anyone handed in; ``seed`` (drawn when None) chooses the
     fresh cases; ``sandbox=False`` runs kernels unconfined (trusted submissions only, and
-    every row says so); ``progress(done, total)`` hears of each notebook finished.
+    every row says so); ``progress(done, total)`` hears of each notebook finished. Where no
+    kernel can start in the sandbox, :class:`SandboxUnavailable` says why before anyone is
+    graded.
     """
     limits = limits or Limits()
-    if not limits.timeout > 0 or limits.memory_mb < 256 or jobs < 1:
-        raise ValueError(f"timeout must be positive, memory at least 256 MB and jobs at "
-                         f"least 1, got {limits.timeout!r}, {limits.memory_mb!r}, {jobs!r}")
+    if not limits.timeout > 0 or limits.memory_mb < GRADER_MIN_MEMORY_MB or jobs < 1:
+        raise ValueError(f"timeout must be positive, memory at least {GRADER_MIN_MEMORY_MB} "
+                         f"MB (what a kernel needs to start) and jobs at least 1, got "
+                         f"{limits.timeout!r}, {limits.memory_mb!r}, {jobs!r}")
     for chapter in chapters or ():
         chapter_exercises(chapter)  # unknown chapters raise before any work
     bwrap = check_available() if sandbox else None
     inventory = find_submissions(folder, chapters)
     chapters = tuple(chapters or sorted({chapter for _, chapter in inventory.graded}))
-    report = GradeReport(seed=secrets.randbelow(2**31) if seed is None else seed)
+    trial = Kernel(library_copy(chapters[0]) if chapters else {}, bwrap)
+    problem = preflight(trial, limits) if inventory.graded else ""
+    if problem:
+        raise SandboxUnavailable(f"no kernel starts in the sandbox here ({problem}); nobody "
+                                 "was graded")
+    report = GradeReport(seed=secrets.randbelow(2**31) if seed is None else seed,
+                         memory=memory_bound(limits, trial))
     graded = asyncio.run(_grade_all(list(inventory.graded.values()), limits, bwrap, jobs,
                                     report, progress))
     report.rows = sorted([*graded, *_not_submitted(inventory, chapters)],

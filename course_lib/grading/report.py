@@ -56,14 +56,15 @@ def write_csv(rows: Sequence[GradeRow], out: Path) -> None:
                              safe_cell(row.reason), row.flag])
 
 
-def summary(rows: Sequence[GradeRow], seed: int) -> str:
-    """The seed of the fresh cases, each learner's total over every exercise, each
-    exercise's pass rate, ungraded files."""
+def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
+    """The seed of the fresh cases, what bounded memory, each learner's total over every
+    exercise, each exercise's pass rate, ungraded files."""
     scored = [row for row in rows if row.exercise]
     exercises = sorted({row.exercise for row in scored})
     learners = sorted({row.learner for row in rows})
     width = max([len(name) for name in learners + exercises] + [8])
     lines = [f"Fresh cases drawn with seed {seed} (regrade the same with --seed {seed}).",
+             *([f"Memory bound: {memory}."] if memory else []),
              f"Total per learner (out of {len(exercises)} exercises):"]
     for learner in learners:
         total = sum(row.score for row in scored if row.learner == learner)

@@ -217,17 +217,15 @@ def python_paths() -> list[str]:
 def import_paths() -> tuple[str, ...]:
     """Where this interpreter imports from when it starts without this process's environment
     or folder: the standard library, site-packages, the user site and the folders ``.pth``
-    files add (another venv, ``conda develop``), never the course's own source tree."""
+    files add (another venv, a folder of packages), never the course's checkout (an editable
+    install's: its solutions and tests are there); any installed copy of the course in them is
+    covered by the withheld one (:func:`_course_masks`)."""
     probe = "import json, sys; print(json.dumps(sys.path))"
     found = json.loads(subprocess.run([sys.executable, "-E", "-P", "-c", probe], check=True,
                                       capture_output=True, text=True, timeout=60).stdout)
-    source_tree = PACKAGE.parent
-    return tuple(dict.fromkeys(
-        str(Path(p).resolve()) for p in found if p and Path(p).exists()
-        and (Path(p).resolve() != source_tree or source_tree.name in SITE_FOLDERS)))
-
-
-SITE_FOLDERS = ("site-packages", "dist-packages")
+    checkout = PACKAGE.parent if (PACKAGE.parent / "pyproject.toml").is_file() else None
+    return tuple(dict.fromkeys(str(Path(p).resolve()) for p in found
+                               if p and Path(p).exists() and Path(p).resolve() != checkout))
 
 
 @dataclass(frozen=True)
