@@ -24,7 +24,7 @@ from course_lib.__main__ import main
 from course_lib.grading import execute as execute_module
 from course_lib.grading import grade as grade_module
 from course_lib.grading import sandbox
-from course_lib.grading.execute import Limits
+from course_lib.grading.execute import Kernel, Limits, _new_root, _prepare, _remove
 from course_lib.grading.grade import grade_folder
 from course_lib.limits import GRADER_MIN_MEMORY_MB
 from tests.test_grader_attacks import CH01, ROOT, _correct_source, _exercise, _rows, notebook
@@ -204,24 +204,59 @@ def test_nothing_is_left_behind(as_root: tuple) -> None:
         assert not [p for p in parent.iterdir() if p.name.startswith("cg-")]
 
 
-def test_a_kernel_runs_as_no_host_user_of_its_own_when_root_grades() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("grading as root only")
-    probe = "import os; print(os.getuid(), os.getgid(), open('/proc/self/uid_map').read())"
-    from course_lib.grading.execute import Kernel, _new_root, _prepare, _remove
+def _in_sandbox(code: str) -> str:
+    """What ``code`` prints run by the interpreter in a chapter 01 sandbox, as a kernel is."""
     root = _new_root()
+    layout = None
     try:
         layout, env, argv = _prepare(root, Kernel(sandbox.library_copy("01"),
                                                   sandbox.check_available()), Limits(),
-                                     [sys.executable, "-c", probe])
+                                     [sys.executable, "-c", code])
         (layout.run / "kernel.json").write_text("{}")
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     finally:
-        sandbox.remove_cgroup(layout.cgroup)
+        sandbox.remove_cgroup(layout.cgroup if layout else "")
         _remove(root)
-    uid, gid, *mapping = done.stdout.split()
-    assert int(uid) == int(gid) >= 1 << 30, done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_a_kernel_runs_as_no_host_user_of_its_own_when_root_grades() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("grading as root only")
+    uid, gid, *mapping = _in_sandbox(
+        "import os; print(os.getuid(), os.getgid(), open('/proc/self/uid_map').read())").split()
+    assert int(uid) == int(gid) >= 1 << 30
     assert mapping == ["0", "0", "1", uid, uid, "1"]
+
+
+SYSCALLS = """
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"keyctl": (250, 0, -3, 0), "add_key": (248, b"user", b"k", b"v", 1, -3),
+         "unshare": (272, 0x10000000), "setns": (308, 0, 0), "ptrace": (101, 0, 0, 0, 0),
+         "perf_event_open": (298, 0, 0, -1, -1, 0), "memfd_create": (319, b"m", 0),
+         "shmget": (29, 0, 4096, 0o1600), "io_uring_setup": (425, 1, 0), "clone3": (435, 0, 0)}
+found = {}
+for name, (number, *args) in calls.items():
+    result = libc.syscall(number, *args)
+    found[name] = ctypes.get_errno() if result < 0 else "allowed"
+print(json.dumps(found))
+"""
+"""x86-64 calls that, unfiltered, an unprivileged process may make or that fail with another
+error than EPERM here (EINVAL for setns on a file, EFAULT for a missing argument): EPERM
+from each is the filter's."""
+
+
+def test_the_seccomp_filter_denies_what_container_runtimes_deny() -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86-64 system call numbers")
+    import errno
+    import json
+
+    found = json.loads(_in_sandbox(SYSCALLS))
+    assert found.pop("clone3") == errno.ENOSYS  # so the C library falls back to clone
+    assert found == dict.fromkeys(found, errno.EPERM), found
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),

@@ -120,8 +120,9 @@ def test_every_exercise_has_a_library_answer() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(LIBRARY))
-def test_the_library_passes_every_case(name: str) -> None:
-    result = run(name, LIBRARY[name])
+@pytest.mark.parametrize("seed", [3, 7, 12345])
+def test_the_library_passes_every_case(name: str, seed: int) -> None:
+    result = run(name, LIBRARY[name], seed)
     assert result.status == "passed", result.report_text()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from course_lib.grading.check import (
@@ -109,42 +110,56 @@ def _bytes_per_token_cases() -> list[Case]:
         ("llama-3-70b, fp32 weights, fp16 cache", config_of(MODELS["llama-3-70b"], "float32"),
          "fp16"),
     ]
-    cases = [_config_case(*entry) for entry in configs]
-    missing = {k: v for k, v in config_of(MODELS["llama-3-8b"]).items()
-               if k != "num_hidden_layers"}
-    zero = config_of(MODELS["llama-3-8b"]) | {"num_hidden_layers": 0}
+    return [*(_config_case(*entry) for entry in configs),
+            *_bad_config_cases(config_of(MODELS["llama-3-8b"]), 0, 0, "int3")]
+
+
+def _bad_config_cases(config: dict[str, Any], layers: int, kv_heads: int,
+                      dtype: str) -> list[Case]:
+    """``config`` without num_hidden_layers, with ``layers`` layers, with ``kv_heads`` KV heads,
+    and with the cache dtype ``dtype``: each cannot size a cache."""
+    missing = {k: v for k, v in config.items() if k != "num_hidden_layers"}
     bad = [
         ("a config without num_hidden_layers", missing, "auto"),
-        ("num_hidden_layers = 0", zero, "auto"),
-        ("num_key_value_heads = 0", config_of(MODELS["llama-3-8b"]) | {"num_key_value_heads": 0},
-         "auto"),
-        ("an unknown cache dtype", config_of(MODELS["llama-3-8b"]), "int3"),
+        (f"num_hidden_layers = {layers}", config | {"num_hidden_layers": layers}, "auto"),
+        (f"num_key_value_heads = {kv_heads}", config | {"num_key_value_heads": kv_heads}, "auto"),
+        ("an unknown cache dtype", config, dtype),
     ]
-    cases += [
+    return [
         Case(f"fn(config, cache_dtype={dtype!r})  # {label}", lambda fn, c=c, d=dtype: fn(c, d),
              Raises(ValueError), "a config that cannot size the cache is the caller's mistake: "
              "raise ValueError naming the missing or bad entry (not KeyError, not a number)")
         for label, c, dtype in bad
     ]
-    return cases
+
+
+def _seeded_config(rng: random.Random, index: int, *, gqa: bool) -> dict[str, Any]:
+    """A config.json of a model shape drawn from ``rng``: grouped-query (fewer KV heads than
+    query heads) or not, the KV heads and the head size written or implicit."""
+    heads = rng.choice([8, 16, 32, 40, 64])
+    kv = rng.choice([d for d in (1, 2, 4, 8) if heads % d == 0 and d < heads]) if gqa else heads
+    shape = ModelShape(f"seeded-{index}", rng.randint(2, 96), heads, kv,
+                       rng.choice([64, 80, 128]), "drawn for a fresh case")
+    return config_of(shape, rng.choice(sorted(TORCH_DTYPES)), implicit_kv=not gqa,
+                     head_dim=rng.random() < 0.5)
 
 
 def _bytes_per_token_fresh(seed: int) -> list[Case]:
+    """Seeded models: one whose head_dim is not hidden_size / heads, one without
+    num_key_value_heads, one whose cache dtype is not its weights'; then each way a config
+    cannot size a cache."""
     rng = random.Random(seed)
-    cases = []
-    for index in range(3):
-        heads = rng.choice([8, 16, 32, 40, 64])
-        kv = rng.choice([d for d in (1, 2, 4, 8, heads) if heads % d == 0])
-        shape = ModelShape(f"seeded-{index}", rng.randint(2, 96), heads, kv,
-                           rng.choice([64, 80, 128]), "drawn for a fresh case")
-        config = config_of(shape, rng.choice(sorted(TORCH_DTYPES)),
-                           implicit_kv=kv == heads and rng.random() < 0.5,
-                           head_dim=rng.random() < 0.5)
-        if rng.random() < 0.3:
-            config = config | {"head_dim": rng.choice([96, 160, 256])}
-        dtype = rng.choice(["auto", "auto", "fp8", "fp16", "fp32"])
-        cases.append(_config_case(f"seeded model {index + 1}", config, dtype))
-    return cases
+    odd = _seeded_config(rng, 1, gqa=True) | {"head_dim": rng.choice([96, 160, 256])}
+    implicit = _seeded_config(rng, 2, gqa=False)
+    recast = _seeded_config(rng, 3, gqa=True)
+    weights = TORCH_DTYPES[recast["torch_dtype"]]
+    cache = rng.choice([d for d in DTYPE_BYTES if DTYPE_BYTES[d] != DTYPE_BYTES[weights]])
+    cases = [_config_case("seeded model 1, head_dim written", odd, "auto"),
+             _config_case("seeded model 2: no num_key_value_heads key", implicit, "auto"),
+             _config_case(f"seeded model 3, a {cache} cache", recast, cache)]
+    return cases + _bad_config_cases(_seeded_config(rng, 4, gqa=True), -rng.randint(0, 8),
+                                     -rng.randint(0, 8),
+                                     rng.choice(["int3", "int4", "fp12", "fp64", "e5m2"]))
 
 
 # --- exercise 2: blocks for a sequence -----------------------------------------------------
@@ -166,20 +181,32 @@ def _blocks_case(tokens: int, block_size: int) -> Case:
 def _blocks_needed_cases() -> list[Case]:
     pairs = [(900, 16), (896, 16), (1, 16), (16, 16), (17, 16), (0, 16), (1000, 128),
              (2**60 + 1, 16)]
-    cases = [_blocks_case(t, b) for t, b in pairs]
-    cases.append(Case("fn(tokens=10, block_size=0)", lambda fn: fn(10, 0), Raises(ValueError),
-                      "a block of zero tokens is impossible: raise ValueError"))
-    cases.append(Case("fn(tokens=-5, block_size=16)", lambda fn: fn(-5, 16), Raises(ValueError),
-                      "a negative length is a mistake: raise ValueError naming it"))
-    return cases
+    return [*(_blocks_case(t, b) for t, b in pairs), *_bad_blocks_cases(10, 0, -5, 16)]
+
+
+def _bad_blocks_cases(tokens: int, bad_size: int, bad_tokens: int, block_size: int) -> list[Case]:
+    """A block size below 1, then a negative length: both must raise."""
+    return [
+        Case(f"fn(tokens={tokens}, block_size={bad_size})",
+             lambda fn, t=tokens, b=bad_size: fn(t, b), Raises(ValueError),
+             "a block of zero tokens is impossible: raise ValueError"),
+        Case(f"fn(tokens={bad_tokens}, block_size={block_size})",
+             lambda fn, t=bad_tokens, b=block_size: fn(t, b), Raises(ValueError),
+             "a negative length is a mistake: raise ValueError naming it"),
+    ]
 
 
 def _blocks_needed_fresh(seed: int) -> list[Case]:
+    """An exact multiple, one token past one, some length, an empty and a huge one, and both
+    bad inputs, at seeded block sizes."""
     rng = random.Random(seed)
-    sizes = [rng.choice([8, 16, 32, 128]) for _ in range(3)]
-    return [_blocks_case(rng.choice([rng.randint(1, 999) * b, rng.randint(1, 10**6),
-                                     2**rng.randint(54, 62) + rng.randint(1, b - 1)]), b)
-            for b in sizes]
+    b = rng.choice([8, 16, 32, 128])
+    whole = rng.randint(1, 999) * b
+    lengths = [whole, whole + 1, rng.randint(1, 10**6), 0,  # then one a float cannot hold
+               b * 2**rng.randint(53, 60) + rng.randint(1, b - 1)]
+    return [*(_blocks_case(t, b) for t in lengths),
+            *_bad_blocks_cases(rng.randint(1, 999), -rng.randint(0, 16), -rng.randint(1, 999),
+                               rng.choice([8, 16, 32, 128]))]
 
 
 # --- exercise 3: requests that fit at a maximum length ----------------------------------------
@@ -210,24 +237,40 @@ def _max_requests_cases() -> list[Case]:
                 (14 * GIB, opt, 2048, 16),
                 (14 * GIB, opt, 256, 16), (60 * GIB, guide, 1000, 128), (1 * GIB, guide, 8192, 16),
                 (60 * GIB, guide, 4000, 128), (3 * GIB - 1, guide, 16, 16)]
-    cases = [_max_requests_case(*setting) for setting in settings]
-    bad = "raise ValueError naming the bad argument (every argument, not only the first)"
-    cases += [
-        Case(f"fn(budget_bytes={b}, bytes_per_token={p}, max_len={m}, block_size={s})",
-             lambda fn, b=b, p=p, m=m, s=s: fn(b, p, m, s), Raises(ValueError), bad)
-        for b, p, m, s in [(GIB, 0, 8192, 16), (GIB, guide, 0, 16), (GIB, guide, 8192, 0),
-                           (-GIB, guide, 8192, 16)]
-    ]
+    return [*(_max_requests_case(*setting) for setting in settings),
+            *_bad_max_requests_cases((GIB, guide, 8192, 16), (-GIB, 0, 0, 0))]
+
+
+def _bad_max_requests_cases(good: tuple[int, int, int, int],
+                            bad: tuple[int, int, int, int]) -> list[Case]:
+    """``good`` arguments with one of them, in turn from the last, replaced by its ``bad``."""
+    cases = []
+    for index in (1, 2, 3, 0):
+        b, p, m, s = (*good[:index], bad[index], *good[index + 1:])
+        cases.append(Case(f"fn(budget_bytes={b}, bytes_per_token={p}, max_len={m}, "
+                          f"block_size={s})", lambda fn, a=(b, p, m, s): fn(*a),
+                          Raises(ValueError), "raise ValueError naming the bad argument (every "
+                          "argument, not only the first)"))
     return cases
 
 
 def _max_requests_fresh(seed: int) -> list[Case]:
+    """A max_len of whole blocks, one a token past them, a budget a byte short of whole
+    blocks, then each argument bad in turn, on a seeded model."""
     rng = random.Random(seed)
-    names = sorted(MODELS)
-    return [_max_requests_case(rng.randint(1, 80) * GIB + rng.randint(0, GIB),
-                               MODELS[rng.choice(names)].bytes_per_token(),
-                               rng.choice([rng.randint(100, 33_000), 1024 * rng.randint(1, 32)]),
-                               rng.choice([16, 32, 128])) for _ in range(3)]
+    per_token = MODELS[rng.choice(sorted(MODELS))].bytes_per_token()
+    block_size = rng.choice([16, 32, 128])
+    block_bytes = per_token * block_size
+    budget = block_bytes * rng.randint(500, 50_000) + rng.randint(0, block_bytes - 1)
+    whole = block_size * rng.randint(2, 64)
+    short = block_bytes * rng.randint(500, 50_000) - 1
+    return [_max_requests_case(budget, per_token, whole, block_size),
+            _max_requests_case(budget, per_token, whole + 1, block_size),
+            _max_requests_case(short, per_token, rng.randint(block_size, 64 * block_size),
+                               block_size),
+            *_bad_max_requests_cases((budget, per_token, whole, block_size),
+                                     (-rng.randint(0, GIB), -rng.randint(0, 64),
+                                      -rng.randint(0, 8192), -rng.randint(0, 64)))]
 
 
 # --- exercise 4: predict vLLM's log lines -----------------------------------------------------
@@ -294,12 +337,29 @@ def _predict_log_cases() -> list[Case]:
     return [_predict_case(*setting) for setting in settings]
 
 
+def _predict_setting(rng: random.Random) -> tuple[float, ModelShape, str, int, int]:
+    """A seeded (available GiB, model, dtype, block size, max_len)."""
+    return (round(rng.uniform(2, 70), 2), MODELS[rng.choice(sorted(MODELS))],
+            rng.choice(["fp16", "fp8"]), rng.choice([16, 32]), rng.randint(1000, 40_000))
+
+
+def _rounds_up(gib: float, shape: ModelShape, dtype: str, block: int, max_len: int) -> bool:
+    """Whether the logged concurrency rounds up, and differs when a request's partly filled
+    last block is left out."""
+    cap = capacity(shape.bytes_per_token(dtype), gib * GIB, block, max_len)
+    shown = round(cap.max_concurrency, 2)
+    return (shown > math.floor(cap.max_concurrency * 100) / 100
+            and shown != round(cap.blocks / (max_len / block), 2))
+
+
 def _predict_log_fresh(seed: int) -> list[Case]:
+    """Three seeded settings, and one whose concurrency rounds up and counts a partly filled
+    last block (drawn until it does)."""
     rng = random.Random(seed)
-    names = sorted(MODELS)
-    return [_predict_case(round(rng.uniform(2, 70), 2), MODELS[rng.choice(names)],
-                          rng.choice(["fp16", "fp8"]), rng.choice([16, 32]),
-                          rng.randint(1000, 40_000)) for _ in range(3)]
+    settings = [_predict_setting(rng) for _ in range(3)]
+    while not _rounds_up(*(setting := _predict_setting(rng))):
+        pass
+    return [_predict_case(*s) for s in [*settings, setting]]
 
 
 # --- exercise 5: the longest request at a required concurrency ---------------------------------
@@ -336,18 +396,27 @@ def _longest_cases() -> list[Case]:
     settings = [(60 * GIB, guide, 16, 60), (60 * GIB, guide, 16, 64), (60 * GIB, guide, 16, 7),
                 (14 * GIB, opt, 16, 8), (14 * GIB, opt, 32, 71), (GIB + 12345, guide, 128, 3),
                 (60 * GIB, guide, 16, 30_720)]
-    cases = [_longest_case(*setting) for setting in settings]
-    cases += [
-        Case(f"fn(budget_bytes={b}, bytes_per_token={guide}, block_size=16, requests={n})  # {why}",
-             lambda fn, b=b, n=n: fn(b, guide, 16, n), Raises(ValueError),
+    return [*(_longest_case(*setting) for setting in settings),
+            *_bad_longest_cases(guide, 16, [(60 * GIB, 30_721, "more requests than blocks"),
+                                            (60 * GIB, 0, "zero requests"),
+                                            (GIB, -2, "negative requests")])]
+
+
+def _bad_longest_cases(per_token: int, block_size: int,
+                       bad: Sequence[tuple[int, int, str]]) -> list[Case]:
+    """``(budget, requests, why)`` settings at which no max_len works."""
+    return [
+        Case(f"fn(budget_bytes={b}, bytes_per_token={per_token}, block_size={block_size}, "
+             f"requests={n})  # {why}",
+             lambda fn, a=(b, per_token, block_size, n): fn(*a), Raises(ValueError),
              "no max_len works (or the request count is no count): raise ValueError")
-        for b, n, why in [(60 * GIB, 30_721, "more requests than blocks"),
-                          (60 * GIB, 0, "zero requests"), (GIB, -2, "negative requests")]
+        for b, n, why in bad
     ]
-    return cases
 
 
 def _longest_fresh(seed: int) -> list[Case]:
+    """Three seeded settings, one request per block, then one request too many, zero and a
+    negative count."""
     rng = random.Random(seed)
     names = sorted(MODELS)
     cases = []
@@ -357,7 +426,10 @@ def _longest_fresh(seed: int) -> list[Case]:
         blocks = capacity(per_token, budget, block_size, block_size).blocks
         cases.append(_longest_case(budget, per_token, block_size,
                                    rng.randint(1, min(200, blocks))))
-    return cases
+    cases.append(_longest_case(budget, per_token, block_size, blocks))
+    return cases + _bad_longest_cases(per_token, block_size, [
+        (budget, blocks + 1, "more requests than blocks"), (budget, 0, "zero requests"),
+        (budget, -rng.randint(1, 99), "negative requests")])
 
 
 EXERCISES = (

@@ -25,7 +25,7 @@ from course_lib.grading.check import (
     satisfies,
     unique_labels,
 )
-from course_lib.slab import SlabAllocator, SlabPolicy
+from course_lib.slab import OutOfSlots, SlabAllocator, SlabPolicy
 
 Gap = tuple[int, int]
 Fit = Literal["first", "best", "worst"]
@@ -47,9 +47,14 @@ def _usage(policy: SlabPolicy, max_len: int, requests: Sequence[tuple[int, int]]
     return slabs, (usage.used, usage.reserved, usage.internal)
 
 
+ANY_LENGTH = 2**62
+"""``max_len`` of an exact-size arena: a slab longer than the arena is not refused for its
+length, it fits no gap (None)."""
+
+
 def _arena_with_gaps(num_slots: int, gaps: Sequence[Gap]) -> SlabAllocator:
     """An exact-size first-fit arena whose free gaps are exactly ``gaps`` (non-touching)."""
-    arena = SlabAllocator(num_slots, policy="exact-size", max_len=num_slots)
+    arena = SlabAllocator(num_slots, policy="exact-size", max_len=ANY_LENGTH)
     cursor, rid, to_free = 0, 0, []
     for start, length in [*gaps, (num_slots, 0)]:
         for begin, size, is_gap in ((cursor, start - cursor, False), (start, length, True)):
@@ -123,6 +128,16 @@ def _random_gaps(rng: random.Random, num_slots: int, count: int) -> list[Gap]:
     return gaps
 
 
+def _gaps_of(rng: random.Random, lengths: Sequence[int]) -> tuple[int, list[Gap]]:
+    """An arena size and non-touching gaps of ``lengths`` slots, in that address order, at
+    seeded places."""
+    gaps, cursor = [], rng.randint(0, 12)
+    for length in lengths:
+        gaps.append((cursor, length))
+        cursor += length + rng.randint(1, 12)
+    return cursor + rng.randint(0, 12), gaps
+
+
 # --- exercise 1: slot states --------------------------------------------------------------
 
 SLOT_LABELS = ("written", "still to write", "never written")
@@ -156,28 +171,52 @@ def _slot_states_cases() -> list[Case]:
     cases.append(Case("fn([])", lambda fn: labelled(SLOT_LABELS, fn([])),
                       dict.fromkeys(SLOT_LABELS, 0), "no slabs: nothing written, nothing "
                       "reserved", hints=SLOT_HINTS))
-    impossible = [
-        ([(100, 60, 50)], "written past the final length",
-         "a slab cannot have written more than its final length"),
-        ([(100, 10, 120)], "final length past the reservation",
-         "a slab's final length cannot pass its reservation: check final <= reserved too"),
-        ([(100, 20, 50), (40, -3, 30)], "a negative written count",
-         "a negative count of written tokens cannot exist: check 0 <= written too"),
-    ]
-    cases += [Case(f"fn({slabs})  # {why}", lambda fn, s=slabs: fn(list(s)), Raises(ValueError),
-                   f"{hint}: raise ValueError naming the slab")
-              for slabs, why, hint in impossible]
-    return cases
+    impossible = [[(100, 60, 50)], [(100, 10, 120)], [(100, 20, 50), (40, -3, 30)]]
+    return cases + [_impossible_case(slabs, kind) for slabs, kind in zip(impossible, IMPOSSIBLE,
+                                                                          strict=True)]
+
+
+IMPOSSIBLE = (
+    ("written past the final length", "a slab cannot have written more than its final length"),
+    ("final length past the reservation",
+     "a slab's final length cannot pass its reservation: check final <= reserved too"),
+    ("a negative written count",
+     "a negative count of written tokens cannot exist: check 0 <= written too"),
+)
+"""Each kind of impossible slab: why, and the hint."""
+
+
+def _impossible_case(slabs: Sequence[tuple[int, int, int]], kind: tuple[str, str]) -> Case:
+    why, hint = kind
+    return Case(f"fn({list(slabs)})  # {why}", lambda fn, s=tuple(slabs): fn(list(s)),
+                Raises(ValueError), f"{hint}: raise ValueError naming the slab")
+
+
+def _impossible_slab(rng: random.Random, kind: int) -> tuple[int, int, int]:
+    """A seeded (reserved, written, final) slab of the kind ``IMPOSSIBLE[kind]``."""
+    final = rng.randint(2, 4000)
+    reserved = final + rng.randint(0, 4000)
+    return [(reserved, final + rng.randint(1, 99), final),
+            (final - rng.randint(1, final - 1), rng.randint(0, final - 1), final),
+            (reserved, -rng.randint(1, 99), final)][kind]
 
 
 def _slot_states_fresh(seed: int) -> list[Case]:
+    """Seeded requests under both policies; then each kind of impossible slab among seeded
+    possible ones."""
     rng = random.Random(seed)
     cases = []
     for policy in ("reserve-max", "exact-size", "reserve-max"):
         max_len = rng.choice([512, 2048, 8192])
-        finals = [rng.randint(1, max_len) for _ in range(rng.randint(1, 5))]
-        requests = [(final, rng.randint(0, final)) for final in finals]
+        finals = [rng.randint(1, max_len - 1), *(rng.choice([max_len, rng.randint(1, max_len)])
+                                                 for _ in range(rng.randint(0, 4)))]
+        requests = [(final, rng.choice([0, final, rng.randint(0, final)])) for final in finals]
         cases.append(_slot_states_case(policy, max_len, requests))  # type: ignore[arg-type]
+    for kind in range(len(IMPOSSIBLE)):
+        slabs = [(f + rng.randint(0, 99), rng.randint(0, f), f)
+                 for f in (rng.randint(1, 4000) for _ in range(rng.randint(1, 3)))]
+        slabs.insert(rng.randint(0, len(slabs)), _impossible_slab(rng, kind))
+        cases.append(_impossible_case(slabs, IMPOSSIBLE[kind]))
     return cases
 
 
@@ -215,21 +254,31 @@ def _first_fit_cases() -> list[Case]:
     cases = [_first_fit_case(*layout) for layout in layouts]
     cases.append(Case("fn(gaps=[], size=3)", lambda fn: fn([], 3), None,
                       "a full arena has no gaps: return None"))
-    cases += [Case(f"fn(gaps=[(0, 10)], size={size})", lambda fn, s=size: fn([(0, 10)], s),
-                   Raises(ValueError), f"a slab of {size} slots is a mistake: refuse every "
-                   "size below 1 with ValueError")
-              for size in (0, -3)]
-    return cases
+    return cases + [_refused_case("size", [(0, 10)], size) for size in (0, -3)]
+
+
+def _refused_case(name: str, gaps: Sequence[Gap], size: int) -> Case:
+    """``fn(gaps=..., <name>=size)`` with a size below 1: it must raise."""
+    what = {"size": "a slab of", "need": "a request needing"}[name]
+    return Case(f"fn(gaps={list(gaps)}, {name}={size})",
+                lambda fn, g=tuple(gaps), s=size: fn(list(g), s), Raises(ValueError),
+                f"{what} {size} slots is a mistake: refuse every {name} below 1 with ValueError")
 
 
 def _first_fit_fresh(seed: int) -> list[Case]:
+    """Seeded layouts where first fit, best fit, worst fit and "no exact fit" disagree, one
+    where no gap fits, none at all, a seeded one, and a size below 1."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(3):
-        gaps = _random_gaps(rng, 200, rng.randint(2, 7))
-        size = rng.choice([length for _, length in gaps] + [rng.randint(1, 20)])
-        cases.append(_first_fit_case(200, gaps, size))
-    return cases
+    size = rng.randint(2, 20)
+    looser, loosest = rng.randint(1, size - 1), rng.randint(size, 30)
+    short = [rng.randint(1, size - 1) for _ in range(rng.randint(1, 4))]
+    layouts = [_gaps_of(rng, [short[0], size + looser, size, size + loosest]),
+               _gaps_of(rng, [short[0], size, size + loosest]), _gaps_of(rng, short),
+               (200, _random_gaps(rng, 200, rng.randint(2, 7)))]
+    cases = [_first_fit_case(n, gaps, size) for n, gaps in layouts]
+    cases.append(Case(f"fn(gaps=[], size={size})", lambda fn, s=size: fn([], s), None,
+                      "a full arena has no gaps: return None"))
+    return [*cases, _refused_case("size", layouts[3][1], -rng.randint(0, 20))]
 
 
 # --- exercise 3: no gap fits --------------------------------------------------------------
@@ -269,22 +318,22 @@ def _no_gap_fits_cases() -> list[Case]:
         (100, [(10, 90)], 90), (100, FIGURE_GAPS, 15), (100, [], 3),
     ]
     cases = [_no_gap_fits_case(*layout) for layout in layouts]
-    cases += [Case(f"fn(gaps=[(0, 10)], need={need})", lambda fn, s=need: fn([(0, 10)], s),
-                   Raises(ValueError), f"a request needing {need} slots is a mistake: refuse "
-                   "every need below 1 with ValueError")
-              for need in (0, -2)]
-    return cases
+    return cases + [_refused_case("need", [(0, 10)], need) for need in (0, -2)]
 
 
 def _no_gap_fits_fresh(seed: int) -> list[Case]:
+    """Seeded layouts: a gap of exactly need slots, short gaps that add up to exactly need, a
+    gap that holds need; no gaps, a seeded layout, and a need below 1."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(3):
-        gaps = _random_gaps(rng, 200, rng.randint(2, 7))
-        lengths = [length for _, length in gaps] or [1]
-        need = rng.choice([*lengths, max(lengths) + 1, sum(lengths), rng.randint(1, 40)])
-        cases.append(_no_gap_fits_case(200, gaps, need))
-    return cases
+    need = rng.randint(3, 30)
+    cuts = sorted(rng.sample(range(1, need), rng.randint(1, min(4, need - 1))))
+    parts = [b - a for a, b in pairwise([0, *cuts, need])]
+    others = [rng.randint(1, 2 * need) for _ in range(rng.randint(1, 3))]
+    layouts = [_gaps_of(rng, rng.sample([need, *others], len(others) + 1)), _gaps_of(rng, parts),
+               _gaps_of(rng, [*parts[:-1], need + rng.randint(0, 9)]),
+               (200, _random_gaps(rng, 200, rng.randint(2, 7))), (200, [])]
+    cases = [_no_gap_fits_case(n, gaps, need) for n, gaps in layouts]
+    return [*cases, _refused_case("need", layouts[3][1], -rng.randint(0, 20))]
 
 
 # --- exercise 4: a reserve-max arena ------------------------------------------------------
@@ -297,9 +346,10 @@ class _LibraryReserveMax:
         self.arena = SlabAllocator(num_slots, policy="reserve-max", max_len=max_len)
 
     def admit(self, request_id: int) -> int | None:
-        if not self.arena.fits(self.arena.max_len):
+        try:
+            return self.arena.admit(request_id, self.arena.max_len).start
+        except OutOfSlots:  # no gap holds it (a request holding a slab raised ValueError)
             return None
-        return self.arena.admit(request_id, self.arena.max_len).start
 
     def release(self, request_id: int) -> None:
         self.arena.free(request_id)
@@ -384,49 +434,62 @@ def _reserve_max_case(num_slots: int, max_len: int, turns: Sequence[Turn], hint:
                 hints=hints or {})
 
 
-def _reserve_max_cases() -> list[Case]:
-    full = ("every request reserves max_len contiguous slots; admit returns None when no free "
-            "run of max_len slots is left")
-    admits = [("admit", rid) for rid in range(3)]
-    cycle = [*admits, *(("release", rid) for rid in range(3))] * 5
-    guide_slots, guide_len = 491_520, 8192
-    sixty = _granted_until_full(_LibraryReserveMax, guide_slots, guide_len)
+FULL_HINT = ("every request reserves max_len contiguous slots; admit returns None when no free "
+             "run of max_len slots is left")
+REFUSED_HINT = ("a refused admit (None) changes nothing: the request still holds no slab, so it "
+                "may be admitted once room appears")
+
+
+def _starts_case(num_slots: int, max_len: int, turns: Sequence[Turn], count: int,
+                 refused: str, hint: str) -> Case:
+    """Where the slabs still held after ``turns`` start: ``count`` of them, inside, apart."""
+    return Case(_turns_text(num_slots, max_len, turns) + "  -> the first slot of each slab"
+                + (" still held" if any(op == "release" for op, _ in turns) else ""),
+                lambda cls, n=num_slots, m=max_len, t=tuple(turns): _starts(cls(n, m), t),
+                _inside_and_apart(num_slots, max_len, count, refused), hint, compare=satisfies)
+
+
+def _until_full_case(num_slots: int, max_len: int, hint: str) -> Case:
+    return Case(f"arena = cls(num_slots={num_slots}, max_len={max_len}); admissions granted "
+                "before the first None",
+                lambda cls, n=num_slots, m=max_len: _granted_until_full(cls, n, m),
+                _granted_until_full(_LibraryReserveMax, num_slots, max_len), hint)
+
+
+def _reserve_max_bugs(num_slots: int, max_len: int, rid: int, other: int) -> list[Case]:
+    """A second release, a second admit, and a release of ``other``, which holds nothing."""
     bugs = [
-        ([("admit", 0), ("release", 0), ("release", 0)], "after release the request holds no "
-         "slab, so a second release is a bug: raise ValueError naming the id"),
-        ([("admit", 0), ("admit", 0)], "a request that already holds a slab cannot be "
+        ([("admit", rid), ("release", rid), ("release", rid)], "after release the request holds "
+         "no slab, so a second release is a bug: raise ValueError naming the id"),
+        ([("admit", rid), ("admit", rid)], "a request that already holds a slab cannot be "
          "admitted again: raise ValueError naming the id"),
-        ([("admit", 0), ("release", 42)], "releasing a request that holds no slab is a bug: "
+        ([("admit", rid), ("release", other)], "releasing a request that holds no slab is a bug: "
          "raise ValueError naming the id"),
     ]
+    return [Case(_turns_text(num_slots, max_len, turns),
+                 lambda cls, n=num_slots, m=max_len, t=tuple(turns): _granted(cls(n, m), t),
+                 Raises(ValueError), hint) for turns, hint in bugs]
+
+
+def _reserve_max_cases() -> list[Case]:
+    admits = [("admit", rid) for rid in range(3)]
+    cycle = [*admits, *(("release", rid) for rid in range(3))] * 5
     return [
-        _reserve_max_case(100, 30, [("admit", rid) for rid in range(5)], full),
-        Case(_turns_text(100, 30, admits) + "  -> the first slot of each slab",
-             lambda cls: _starts(cls(100, 30), admits),
-             _inside_and_apart(100, 30, 3, full), full, compare=satisfies),
-        Case(_turns_text(100, 30, [*admits, ("release", 1), ("admit", 9)])
-             + "  -> the first slot of each slab still held",
-             lambda cls: _starts(cls(100, 30), [*admits, ("release", 1), ("admit", 9)]),
-             _inside_and_apart(100, 30, 3, "release must give the slab's slots back, so the "
-                               "next request can use them"), REUSE_HINT, compare=satisfies),
+        _reserve_max_case(100, 30, [("admit", rid) for rid in range(5)], FULL_HINT),
+        _starts_case(100, 30, admits, 3, FULL_HINT, FULL_HINT),
+        _starts_case(100, 30, [*admits, ("release", 1), ("admit", 9)], 3,
+                     "release must give the slab's slots back, so the next request can use "
+                     "them", REUSE_HINT),
         _reserve_max_case(100, 30, [*cycle, *(("admit", rid) for rid in range(3, 7))],
                           "releasing everything must restore an empty arena",
                           {"raised": REUSE_HINT}),
-        Case(f"arena = cls(num_slots={guide_slots}, max_len={guide_len}); admissions granted "
-             "before the first None", lambda cls: _granted_until_full(cls, guide_slots,
-                                                                      guide_len),
-             sixty, "the source guide's 60 GiB arena: whole max_len slabs only"),
-        Case(_turns_text(100, 30, [("admit", 0), ("admit", 1), ("release", 0), ("admit", 0)])
-             + "  -> the first slot of each slab still held",
-             lambda cls: _starts(cls(100, 30), [("admit", 0), ("admit", 1), ("release", 0),
-                                                ("admit", 0)]),
-             _inside_and_apart(100, 30, 2, REUSE_HINT), REUSE_HINT, compare=satisfies),
+        _until_full_case(491_520, 8192, "the source guide's 60 GiB arena: whole max_len slabs "
+                                        "only"),
+        _starts_case(100, 30, [("admit", 0), ("admit", 1), ("release", 0), ("admit", 0)], 2,
+                     REUSE_HINT, REUSE_HINT),
         _reserve_max_case(100, 30, [*admits, ("admit", 3), ("release", 0), ("admit", 3)],
-                          "a refused admit (None) changes nothing: the request still holds no "
-                          "slab, so it may be admitted once room appears"),
-        *(Case(_turns_text(100, 30, turns), lambda cls, t=tuple(turns): _granted(cls(100, 30),
-                                                                                 t),
-               Raises(ValueError), hint) for turns, hint in bugs),
+                          REFUSED_HINT),
+        *_reserve_max_bugs(100, 30, 0, 42),
     ]
 
 
@@ -446,15 +509,29 @@ def _random_turns(rng: random.Random, num_slots: int, max_len: int, count: int) 
 
 
 def _reserve_max_fresh(seed: int) -> list[Case]:
+    """A seeded arena that is not a whole number of slabs, filled past full; a large one
+    filled until None; the same id admitted again after its release; a refused id admitted
+    once room appears; a seeded script; each bug, at seeded ids."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(2):
-        num_slots, max_len = rng.randint(50, 400), rng.randint(5, 60)
-        turns = _random_turns(rng, num_slots, max_len, 16)
-        cases.append(_reserve_max_case(num_slots, max_len, turns, "every request reserves "
-                                       "max_len contiguous slots; a release gives them back",
-                                       {"raised": REUSE_HINT}))
-    return cases
+    max_len, count = rng.randint(5, 60), rng.randint(2, 6)
+    num_slots = count * max_len + rng.randint(1, max_len - 1)
+    held = [("admit", rid) for rid in range(count)]
+    again, late = rng.randrange(count), rng.randint(count, 99)
+    return [
+        _reserve_max_case(num_slots, max_len, [*held, ("admit", count), ("admit", count + 1)],
+                          FULL_HINT),
+        _until_full_case(rng.randint(100_000, 600_000), rng.choice([1024, 2048, 4096, 8192]),
+                         "whole max_len slabs only: the slots left after the last whole slab "
+                         "hold no request"),
+        _starts_case(num_slots, max_len, [*held, ("release", again), ("admit", again)], count,
+                     REUSE_HINT, REUSE_HINT),
+        _reserve_max_case(num_slots, max_len, [*held, ("admit", late), ("release", again),
+                                               ("admit", late)], REFUSED_HINT),
+        _reserve_max_case(num_slots, max_len, _random_turns(rng, num_slots, max_len, 16),
+                          "every request reserves max_len contiguous slots; a release gives "
+                          "them back", {"raised": REUSE_HINT}),
+        *_reserve_max_bugs(num_slots, max_len, rng.randint(0, 99), rng.randint(100, 999)),
+    ]
 
 
 # --- exercise 5: an exact-size first-fit arena --------------------------------------------
@@ -488,12 +565,13 @@ class _LibraryFirstFit:
     """The library's first-fit allocator behind the exercise's interface."""
 
     def __init__(self, num_slots: int) -> None:
-        self.arena = SlabAllocator(num_slots, policy="exact-size", max_len=num_slots)
+        self.arena = SlabAllocator(num_slots, policy="exact-size", max_len=ANY_LENGTH)
 
     def admit(self, request_id: int, size: int) -> int | None:
-        if not self.arena.fits(size):
+        try:
+            return self.arena.admit(request_id, size).start
+        except OutOfSlots:  # no gap holds it (a request holding a slab raised ValueError)
             return None
-        return self.arena.admit(request_id, size).start
 
     def release(self, request_id: int) -> None:
         self.arena.free(request_id)
@@ -547,20 +625,53 @@ def _first_fit_arena_cases() -> list[Case]:
           ("admit", 10, 20), ("admit", 11, 10)]),
     ]
     cases = [_first_fit_arena_case(100, script, hint) for hint, script in scripts]
+    return cases + _first_fit_arena_bugs(100, 0, 7, 10, -3)
+
+
+def _first_fit_arena_bugs(num_slots: int, rid: int, other: int, size: int,
+                          negative: int) -> list[Case]:
+    """A second admit, a release of ``other`` (which holds nothing), sizes 0 and
+    ``negative``, and a second release."""
     errors = [
-        ([("admit", 0, 10), ("admit", 0, 10)], "a request can hold one slab: raise ValueError"),
-        ([("release", 7, 0)],
+        ([("admit", rid, size), ("admit", rid, size)],
+         "a request can hold one slab: raise ValueError"),
+        ([("release", other, 0)],
          "releasing a request that holds no slab is a bug: raise ValueError naming the id"),
-        ([("admit", 0, 0)], "a slab of 0 slots is a mistake: raise ValueError"),
-        ([("admit", 0, -3)], "a negative size is a mistake too: refuse every size below 1 "
-         "with ValueError"),
-        ([("admit", 0, 10), ("release", 0, 0), ("release", 0, 0)],
+        ([("admit", rid, 0)], "a slab of 0 slots is a mistake: raise ValueError"),
+        ([("admit", rid, negative)], "a negative size is a mistake too: refuse every size below "
+         "1 with ValueError"),
+        ([("admit", rid, size), ("release", rid, 0), ("release", rid, 0)],
          "a released request holds no slab any more: raise ValueError on a second release"),
     ]
-    cases += [Case(_script_text(100, script).split("  ->")[0],
-                   lambda cls, s=tuple(script): _run_script(cls(100), s), Raises(ValueError), hint)
-              for script, hint in errors]
-    return cases
+    return [Case(_script_text(num_slots, script).split("  ->")[0],
+                 lambda cls, n=num_slots, s=tuple(script): _run_script(cls(n), s),
+                 Raises(ValueError), hint) for script, hint in errors]
+
+
+def _layout(rng: random.Random, gaps: Sequence[int],
+            last: tuple[int, int] | None = None) -> tuple[int, list[Step]]:
+    """A seeded arena size, and admissions then releases that leave free gaps of ``gaps``
+    slots in address order, each after a held slab; ``last`` = (request id, size) holds the
+    arena's last slots; the arena is otherwise full. Fillers and gaps take ids from 0."""
+    admits: list[Step] = []
+    for rid, length in enumerate(gaps):
+        admits += [("admit", 2 * rid, rng.randint(1, 8)), ("admit", 2 * rid + 1, length)]
+    admits.append(("admit", 2 * len(gaps), rng.randint(1, 8)))
+    if last is not None:
+        admits.append(("admit", *last))
+    releases: list[Step] = [("release", 2 * rid + 1, 0) for rid in range(len(gaps))]
+    return sum(size for _, _, size in admits), admits + releases
+
+
+def _reuse_scripts(rng: random.Random) -> tuple[int, list[Step], list[Step]]:
+    """A seeded arena held by requests 0 and 1 but for a few slots; a script that admits 0
+    again after its release, and one that admits 2, too large at first, once 1 is released."""
+    first, second, tail = rng.randint(2, 30), rng.randint(2, 30), rng.randint(0, 3)
+    held: list[Step] = [("admit", 0, first), ("admit", 1, second)]
+    large = rng.randint(tail + 1, second + tail)
+    return (first + second + tail,
+            [*held, ("release", 0, 0), ("admit", 0, rng.randint(1, first))],
+            [*held, ("admit", 2, large), ("release", 1, 0), ("admit", 2, large)])
 
 
 def _random_script(rng: random.Random, num_slots: int, count: int) -> list[Step]:
@@ -579,10 +690,37 @@ def _random_script(rng: random.Random, num_slots: int, count: int) -> list[Step]
 
 
 def _first_fit_arena_fresh(seed: int) -> list[Case]:
+    """Seeded gaps where first, best and worst fit and "no exact fit" disagree; three
+    neighbours released right to left, then the last slab, next to the arena's free end; a
+    released id and a refused one admitted again; a seeded script; each bug."""
     rng = random.Random(seed)
-    return [_first_fit_arena_case(n, _random_script(rng, n, 14), "slabs go to the lowest "
-                                  "address that fits; a released slab merges with free "
-                                  "neighbours") for n in (rng.randint(40, 120) for _ in range(2))]
+    size = rng.randint(2, 12)
+    looser, loosest = rng.randint(1, size - 1), rng.randint(size, 30)
+    num_slots, script = _layout(rng, [size + looser, size, size + loosest])
+    placed = [*script, ("admit", 50, size), ("admit", 51, size),
+              ("admit", 52, size + loosest + 1)]
+    sizes = [rng.randint(1, 20) for _ in range(rng.randint(4, 8))]
+    first, tail = rng.randrange(len(sizes) - 3), rng.randint(1, 20)
+    merged = [*(("admit", rid, n) for rid, n in enumerate(sizes)),
+              *(("release", rid, 0) for rid in (first + 2, first, first + 1)),
+              ("admit", 50, sum(sizes[first:first + 3])), ("release", len(sizes) - 1, 0),
+              ("admit", 51, sizes[-1] + tail)]
+    reuse_slots, reuse, refused = _reuse_scripts(rng)
+    random_slots = rng.randint(40, 120)
+    return [
+        _first_fit_arena_case(num_slots, placed, "slabs go to the lowest address that fits; "
+                              "None when no gap holds the size"),
+        _first_fit_arena_case(sum(sizes) + tail, merged, "a released slab merges with the free "
+                              "slots on both sides of it, and with the free end of the arena"),
+        _first_fit_arena_case(reuse_slots, reuse, "a released request holds nothing: the same "
+                              "id may be admitted again"),
+        _first_fit_arena_case(reuse_slots, refused, REFUSED_HINT),
+        _first_fit_arena_case(random_slots, _random_script(rng, random_slots, 14), "slabs go to "
+                              "the lowest address that fits; a released slab merges with free "
+                              "neighbours"),
+        *_first_fit_arena_bugs(random_slots, rng.randint(0, 99), rng.randint(100, 999),
+                               rng.randint(1, random_slots), -rng.randint(1, 99)),
+    ]
 
 
 # --- exercise 6: grow in place, or move -----------------------------------------------------
@@ -726,19 +864,25 @@ def _growing_cases() -> list[Case]:
          "every move copies the slab's tokens; a slab that fits nowhere gets None"),
     ]
     cases = [_growing_case(n, script, why) for n, script, why in scripts]
+    return cases + _growing_bugs(40, 0, 7, 5, -3)
+
+
+def _growing_bugs(num_slots: int, rid: int, other: int, size: int, negative: int) -> list[Case]:
+    """An append to ``other`` (which holds nothing), a second admit, lengths 0 and
+    ``negative``, and a second release."""
     errors = [
-        ([("append", 7, 0)], "appending to a request that holds no slab is a bug"),
-        ([("admit", 0, 5), ("admit", 0, 5)], "a request holds one slab"),
-        ([("admit", 0, 0)], "a slab of 0 slots is a mistake"),
-        ([("admit", 0, -3)], "a negative length is a mistake too: refuse every length below 1"),
-        ([("admit", 0, 5), ("release", 0, 0), ("release", 0, 0)],
+        ([("append", other, 0)], "appending to a request that holds no slab is a bug"),
+        ([("admit", rid, size), ("admit", rid, size)], "a request holds one slab"),
+        ([("admit", rid, 0)], "a slab of 0 slots is a mistake"),
+        ([("admit", rid, negative)],
+         "a negative length is a mistake too: refuse every length below 1"),
+        ([("admit", rid, size), ("release", rid, 0), ("release", rid, 0)],
          "a released request holds no slab"),
     ]
-    cases += [Case(_grow_text(40, script).split("  ->")[0],
-                   lambda cls, s=tuple(script): _grow_script(cls(40), s),
-                   Raises(ValueError), f"{why}: raise ValueError naming the id or the size")
-              for script, why in errors]
-    return cases
+    return [Case(_grow_text(num_slots, script).split("  ->")[0],
+                 lambda cls, n=num_slots, s=tuple(script): _grow_script(cls(n), s),
+                 Raises(ValueError), f"{why}: raise ValueError naming the id or the size")
+            for script, why in errors]
 
 
 def _random_moves(rng: random.Random, num_slots: int, count: int) -> list[Move]:
@@ -764,10 +908,38 @@ def _random_moves(rng: random.Random, num_slots: int, count: int) -> list[Move]:
 
 
 def _growing_fresh(seed: int) -> list[Case]:
+    """A seeded slab at the arena's end that must move where first, best and worst fit and
+    "no exact fit" disagree, then grows in place; one with free slots before it, blocked
+    until its neighbour leaves; a released id and a refused one admitted again; a seeded
+    script; each bug."""
     rng = random.Random(seed)
-    return [_growing_case(n, _random_moves(rng, n, 10), "a slab grows in place while the next "
-                          "slot is free, else moves whole to the lowest free run that holds it")
-            for n in (rng.randint(30, 80) for _ in range(2))]
+    size = rng.randint(2, 10)
+    looser, loosest = rng.randint(1, size), rng.randint(size + 1, 20)
+    fit_slots, layout = _layout(rng, [size + 1 + looser, size + 1, size + 1 + loosest],
+                                (90, size))
+    moved = [*layout, ("append", 90, 0), ("append", 90, 0), ("admit", 91, size + 1)]
+    before, after = rng.randint(1, size), rng.randint(0, size)
+    neighbour = rng.randint(1, 8)
+    blocked = [("admit", 0, rng.randint(1, 8)), ("admit", 1, before), ("admit", 2, size),
+               ("admit", 3, neighbour), ("release", 1, 0), ("append", 2, 0), ("release", 3, 0),
+               ("append", 2, 0)]
+    reuse_slots, reuse, refused = _reuse_scripts(rng)
+    random_slots = rng.randint(30, 80)
+    return [
+        _growing_case(fit_slots, moved, "a slab that cannot grow in place (the arena ends after "
+                      "its last slot) moves whole to the lowest free run that holds it"),
+        _growing_case(sum(n for op, _, n in blocked if op == "admit") + after, blocked,
+                      "while it is copied the slab still holds its old slots: they cannot be "
+                      "part of the new place; a refused append changes nothing"),
+        _growing_case(reuse_slots, reuse, "a released request holds nothing: the same id may be "
+                      "admitted again"),
+        _growing_case(reuse_slots, refused, REFUSED_HINT),
+        _growing_case(random_slots, _random_moves(rng, random_slots, 10), "a slab grows in "
+                      "place while the next slot is free, else moves whole to the lowest free "
+                      "run that holds it"),
+        *_growing_bugs(random_slots, rng.randint(0, 99), rng.randint(100, 999),
+                       rng.randint(1, random_slots), -rng.randint(1, 99)),
+    ]
 
 
 EXERCISES = (

@@ -63,19 +63,32 @@ def _last_block_case(tokens: int, block_size: int) -> Case:
 def _last_block_cases() -> list[Case]:
     pairs = [(900, 16), (896, 16), (897, 16), (1, 16), (16, 16), (1000, 128), (8192, 16),
              (0, 16), (32, 16)]
-    cases = [_last_block_case(t, b) for t, b in pairs]
-    cases.append(Case("fn(tokens=10, block_size=0)", lambda fn: fn(10, 0), Raises(ValueError),
-                      "a block of zero tokens is impossible: raise ValueError"))
-    cases.append(Case("fn(tokens=-1, block_size=16)", lambda fn: fn(-1, 16), Raises(ValueError),
-                      "a negative length is a mistake: raise ValueError"))
-    return cases
+    return [*(_last_block_case(t, b) for t, b in pairs), *_bad_last_block_cases(10, 0, -1, 16)]
+
+
+def _bad_last_block_cases(tokens: int, bad_size: int, bad_tokens: int,
+                          block_size: int) -> list[Case]:
+    """A block size below 1, then a negative length: both must raise."""
+    return [
+        Case(f"fn(tokens={tokens}, block_size={bad_size})",
+             lambda fn, t=tokens, b=bad_size: fn(t, b), Raises(ValueError),
+             "a block of zero tokens is impossible: raise ValueError"),
+        Case(f"fn(tokens={bad_tokens}, block_size={block_size})",
+             lambda fn, t=bad_tokens, b=block_size: fn(t, b), Raises(ValueError),
+             "a negative length is a mistake: raise ValueError"),
+    ]
 
 
 def _last_block_fresh(seed: int) -> list[Case]:
+    """At a seeded block size: whole blocks, one token past them, a partly filled last
+    block, no tokens, less than a block; then both bad inputs."""
     rng = random.Random(seed)
-    sizes = [rng.choice([8, 16, 32, 128]) for _ in range(3)]
-    return [_last_block_case(rng.choice([rng.randint(1, 40) * b, rng.randint(1, 5000)]), b)
-            for b in sizes]
+    b = rng.choice([8, 16, 32, 128])
+    whole = rng.randint(1, 400) * b
+    lengths = [whole, whole + 1, whole + rng.randint(2, b - 1), 0, rng.randint(1, b - 1)]
+    return [*(_last_block_case(t, b) for t in lengths),
+            *_bad_last_block_cases(rng.randint(1, 5000), -rng.randint(0, 16),
+                                   -rng.randint(1, 5000), rng.choice([8, 16, 32, 128]))]
 
 
 # --- exercise 2: the utilisation of a batch ------------------------------------------------------
@@ -118,20 +131,30 @@ def _utilization_case(lengths: Sequence[int], block_size: int) -> Case:
 def _utilization_cases() -> list[Case]:
     batches = [([900], 16), ([512, 128], 16), ([1, 17, 33], 16), ([900, 0, 16], 16),
                ([1000, 24], 128), ([100, 5000, 7, 7, 7], 32), ([2048] * 3, 16)]
-    cases = [_utilization_case(lengths, b) for lengths, b in batches]
-    bad = "no tokens at all has no utilisation (zero over zero); a negative length or block size " \
-          "is a mistake: raise ValueError naming it"
-    cases += [Case(f"fn(lengths={lengths}, block_size={b})",
-                   lambda fn, n=lengths, b=b: fn(list(n), b), Raises(ValueError), bad)
-              for lengths, b in [([], 16), ([0, 0], 16), ([10, -1], 16), ([10], 0)]]
-    return cases
+    return [*(_utilization_case(lengths, b) for lengths, b in batches),
+            *_no_utilization_cases([([], 16), ([0, 0], 16), ([10, -1], 16), ([10], 0)])]
+
+
+def _no_utilization_cases(batches: Sequence[tuple[list[int], int]]) -> list[Case]:
+    bad = ("no tokens at all has no utilisation (zero over zero); a negative length or block "
+           "size is a mistake: raise ValueError naming it")
+    return [Case(f"fn(lengths={lengths}, block_size={b})",
+                 lambda fn, n=tuple(lengths), b=b: fn(list(n), b), Raises(ValueError), bad)
+            for lengths, b in batches]
 
 
 def _utilization_fresh(seed: int) -> list[Case]:
+    """Seeded batches, one with an empty sequence; then no sequences, only empty ones, a
+    negative length, and a block size below 1."""
     rng = random.Random(seed)
-    return [_utilization_case([rng.choice([0, rng.randint(1, 3000)])
-                               for _ in range(rng.randint(1, 6))] + [rng.randint(1, 99)],
-                              rng.choice([8, 16, 32, 128])) for _ in range(3)]
+    batches = [[rng.randint(1, 3000) for _ in range(rng.randint(1, 6))] for _ in range(3)]
+    batches[0].insert(rng.randint(0, len(batches[0])), 0)
+    sizes = [rng.choice([8, 16, 32, 128]) for _ in batches]
+    negative = [*batches[1]]
+    negative.insert(rng.randint(0, len(negative)), -rng.randint(1, 99))
+    return [*(_utilization_case(lengths, b) for lengths, b in zip(batches, sizes, strict=True)),
+            *_no_utilization_cases([([], sizes[0]), ([0] * rng.randint(1, 5), sizes[1]),
+                                    (negative, sizes[2]), (batches[2], -rng.randint(0, 16))])]
 
 
 # --- exercise 3: a pool that hands out the lowest free block ------------------------------------
@@ -199,14 +222,50 @@ def _block_pool_case(size: int, script: Script, hint: str) -> Case:
                 _play(LowestFirstPool(size), script), hint, hints={"num_free": COUNT_HINT})
 
 
-def _recycle(cls: Any) -> dict[str, Any]:
-    pool, distinct = cls(8), True
-    for _ in range(50):
-        ids = [pool.allocate() for _ in range(5)]
-        distinct = distinct and len(set(ids)) == 5
+def _recycle(cls: Any, size: int, take: int, rounds: int) -> dict[str, Any]:
+    """``rounds`` rounds of ``take`` allocations freed again: num_free, and whether every
+    round's ids were distinct."""
+    pool, distinct = cls(size), True
+    for _ in range(rounds):
+        ids = [pool.allocate() for _ in range(take)]
+        distinct = distinct and len(set(ids)) == take
         for block in ids:
             pool.free(block)
     return {"num_free": _free_count(pool), "ids distinct in every round": distinct}
+
+
+def _recycle_case(size: int, take: int, rounds: int) -> Case:
+    return Case(f"pool = cls({size}); {rounds} rounds of allocate {take} and free them -> "
+                "num_free, and whether the ids of every round were distinct",
+                lambda cls, a=(size, take, rounds): _recycle(cls, *a),
+                _recycle(LowestFirstPool, size, take, rounds),
+                "allocate and free must balance: nothing lost, nothing twice",
+                hints={"num_free": COUNT_HINT})
+
+
+def _exhausted_case(size: int) -> Case:
+    return Case(f"pool = cls({size}); allocate() {size - 1} times; allocate()",
+                lambda cls, n=size: _play(cls(n), [("allocate", 0)] * n), Raises(RuntimeError),
+                "an empty pool raises OutOfBlocks (a RuntimeError), never hands out 0 or a "
+                "block in use")
+
+
+def _bad_frees(size: int, taken: int, twice: int, free: int, outside: int,
+               negative: int) -> list[Case]:
+    """Frees a pool of ``size`` blocks must refuse, after ``taken`` allocations: the null
+    block, ``twice`` freed twice, ``free`` (never handed out), ``outside`` the pool, and a
+    ``negative`` id."""
+    take = [("allocate", 0)] * taken
+    refused = "raise ValueError naming the id: accepting it would later hand one block to " \
+              "two requests"
+    return [Case(_script_text(size, script) + f"  # {why}",
+                 lambda cls, n=size, s=script: _play(cls(n), s), Raises(ValueError),
+                 f"{why}: {refused}")
+            for why, script in [("the null block", [("free", 0)]),
+                                ("a double free", [*take, ("free", twice), ("free", twice)]),
+                                ("a block that is free already", [*take, ("free", free)]),
+                                ("not a block of this pool", [("free", outside)]),
+                                ("a negative id", [*take, ("free", negative)])]]
 
 
 def _block_pool_cases() -> list[Case]:
@@ -221,49 +280,39 @@ def _block_pool_cases() -> list[Case]:
         (64, [*take * 40, *(("free", b) for b in range(39, 0, -3)), *take * 5, ("count", 0)],
          "lowest first keeps the blocks in use packed at the start of the pool"),
     ]
-    cases = [_block_pool_case(n, script, why) for n, script, why in scripts]
-    cases.append(Case("pool = cls(8); 50 rounds of allocate 5 and free them -> num_free, and "
-                      "whether the ids of every round were distinct", _recycle,
-                      {"num_free": 7, "ids distinct in every round": True},
-                      "allocate and free must balance: nothing lost, nothing twice",
-                      hints={"num_free": COUNT_HINT}))
-    cases.append(Case("pool = cls(8); allocate() 7 times; allocate()",
-                      lambda cls: _play(cls(8), take * 8), Raises(RuntimeError),
-                      "an empty pool raises OutOfBlocks (a RuntimeError), never hands out 0 or "
-                      "a block in use"))
-    refused = "raise ValueError naming the id: accepting it would later hand one block to " \
-              "two requests"
-    for why, script in [("the null block", [("free", 0)]),
-                        ("a double free", [*take, ("free", 1), ("free", 1)]),
-                        ("a block that is free already", [*take, ("free", 5)]),
-                        ("not a block of this pool", [("free", 8)]),
-                        ("a negative id", [*take, ("free", -1)])]:
-        cases.append(Case(_script_text(8, script) + f"  # {why}",
-                          lambda cls, s=script: _play(cls(8), s), Raises(ValueError),
-                          f"{why}: {refused}"))
-    return cases
+    return [*(_block_pool_case(n, script, why) for n, script, why in scripts),
+            _recycle_case(8, 5, 50), _exhausted_case(8), *_bad_frees(8, 1, 1, 5, 8, -1)]
 
 
 def _block_pool_fresh(seed: int) -> list[Case]:
+    """A seeded script; blocks freed in address order before untouched higher ones are left;
+    rounds that must balance, an empty pool, and each refused free, on seeded pools."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(2):
-        size, held, script = rng.randint(6, 20), [], []
-        pool = LowestFirstPool(size)
-        for _ in range(24):
-            roll = rng.random()
-            if held and roll < 0.4:
-                block = held.pop(rng.randrange(len(held)))
-                pool.free(block)
-                script.append(("free", block))
-            elif roll < 0.5 or not pool.num_free:
-                script.append(("count", 0))
-            else:
-                held.append(pool.allocate())
-                script.append(("allocate", 0))
-        cases.append(_block_pool_case(size, script, "the lowest free id comes first, whatever "
-                                      "order the blocks were freed in"))
-    return cases
+    size, held, script = rng.randint(6, 20), [], []
+    pool = LowestFirstPool(size)
+    for _ in range(24):
+        roll = rng.random()
+        if held and roll < 0.4:
+            block = held.pop(rng.randrange(len(held)))
+            pool.free(block)
+            script.append(("free", block))
+        elif roll < 0.5 or not pool.num_free:
+            script.append(("count", 0))
+        else:
+            held.append(pool.allocate())
+            script.append(("allocate", 0))
+    lowest = "the lowest free id comes first, whatever order the blocks were freed in"
+    cases = [_block_pool_case(size, script, lowest)]
+    size = rng.randint(8, 30)
+    taken = rng.randint(4, size - 2)
+    freed = sorted(rng.sample(range(1, taken + 1), rng.randint(2, taken)))
+    take = [("allocate", 0)]
+    cases.append(_block_pool_case(size, [*take * taken, *(("free", b) for b in freed),
+                                         *take * (len(freed) + 1), ("count", 0)], lowest))
+    return [*cases, _recycle_case(size, rng.randint(2, size - 1), rng.randint(10, 60)),
+            _exhausted_case(rng.randint(2, 40)),
+            *_bad_frees(size, taken, rng.choice(freed), rng.randint(taken + 1, size - 1),
+                        rng.randint(size, size + 50), -rng.randint(1, 50))]
 
 
 # --- exercise 4: block tables and slot mappings -----------------------------------------------
@@ -340,12 +389,12 @@ def _refused(cls: Any, num_blocks: int, setup: Sequence[Op], refused: Op,
             "then": {"slots": _replay(tables, after), "pool.num_free": pool.num_free}}
 
 
-def _growth(cls: Any) -> dict[str, int]:
-    """Table length after each single-token append from 0 to 40 tokens."""
+def _growth(cls: Any, start: int, count: int) -> dict[str, int]:
+    """Table length after each of ``count`` single-token appends to ``start`` tokens."""
     tables = cls(BlockPool(8, 16))
-    tables.add_sequence("a", 0)
+    tables.add_sequence("a", start)
     lengths = {}
-    for tokens in range(1, 41):
+    for tokens in range(start + 1, start + count + 1):
         tables.append_tokens("a", 1)
         lengths[f"len(block_table[a]) at {tokens} tokens"] = len(tables.block_table("a"))
     return lengths
@@ -396,41 +445,57 @@ def _block_table_cases() -> list[Case]:
          ["a", "b"], "an empty prompt holds no block until its first token", {}),
     ]
     cases = [_tables_case(*scenario) for scenario in scenarios]
-    cases.append(Case("t = cls(BlockPool(8, 16)); add_sequence('a', 0); table length after "
-                      "each of 40 single-token appends", _growth, _growth(LibraryTables),
-                      TABLE_HINTS["len(block_table[a])"], hints=TABLE_HINTS))
-    refusal = ("a request the pool cannot serve in full is refused with OutOfBlocks and "
-               "changes nothing: no block taken, no table or length changed")
+    cases.append(_growth_case(0, 40))
     refusals: list[tuple[int, list[Op], Op, list[Op], list[str], str]] = [
         (5, [("add", "a", 40)], ("append", "a", 40), [("append", "a", 8)], ["a"],
          "append: a needs 2 more blocks and 1 is free"),
         (4, [("add", "a", 20)], ("add", "b", 60), [("add", "b", 16)], ["a"],
          "add: b needs 4 blocks and 1 is free; b is not created"),
     ]
-    for n, setup, refused, after, seqs, why in refusals:
-        cases.append(Case(
-            f"pool = BlockPool({n}, 16); t = cls(pool); {_ops_text(setup)}; "
-            f"{_ops_text([refused])} -> what it raised, pool.num_free and block_table of "
-            f"{seqs} after the refusal, then {_ops_text(after)}'s slots and pool.num_free  "
-            f"# {why}",
-            lambda cls, a=(n, setup, refused, after, seqs): _refused(cls, *a),
-            _refused(LibraryTables, n, setup, refused, after, seqs), refusal,
-            hints={"raised": f"{refusal}; a refused add creates no sequence, so the same id "
-                             "may be added later", "then": refusal}))
+    return [*cases, *(_refusal_case(*refusal) for refusal in refusals),
+            *_table_bugs("ghost", "a", 5, -3)]
+
+
+def _growth_case(start: int, count: int) -> Case:
+    return Case(f"t = cls(BlockPool(8, 16)); add_sequence('a', {start}); table length after "
+                f"each of {count} single-token appends",
+                lambda cls, a=(start, count): _growth(cls, *a),
+                _growth(LibraryTables, start, count), TABLE_HINTS["len(block_table[a])"],
+                hints=TABLE_HINTS)
+
+
+REFUSAL = ("a request the pool cannot serve in full is refused with OutOfBlocks and changes "
+           "nothing: no block taken, no table or length changed")
+
+
+def _refusal_case(num_blocks: int, setup: Sequence[Op], refused: Op, after: Sequence[Op],
+                  seqs: Sequence[str], why: str) -> Case:
+    return Case(f"pool = BlockPool({num_blocks}, 16); t = cls(pool); {_ops_text(setup)}; "
+                f"{_ops_text([refused])} -> what it raised, pool.num_free and block_table of "
+                f"{list(seqs)} after the refusal, then {_ops_text(after)}'s slots and "
+                f"pool.num_free  # {why}",
+                lambda cls, a=(num_blocks, setup, refused, after, seqs): _refused(cls, *a),
+                _refused(LibraryTables, num_blocks, setup, refused, after, seqs), REFUSAL,
+                hints={"raised": f"{REFUSAL}; a refused add creates no sequence, so the same id "
+                                 "may be added later", "then": REFUSAL})
+
+
+def _table_bugs(ghost: str, seq: str, tokens: int, negative: int) -> list[Case]:
+    """Calls that are bugs: on the unknown ``ghost``, adding ``seq`` twice or freeing it
+    twice, a ``negative`` length, an empty append."""
     errors = [
-        ([("free", "ghost", 0)], "an unknown sequence id is a bug"),
-        ([("append", "ghost", 1)], "an unknown sequence id is a bug"),
-        ([("add", "a", 5), ("add", "a", 5)], "a live id cannot be added twice"),
-        ([("add", "a", 5), ("free", "a", 0), ("free", "a", 0)],
+        ([("free", ghost, 0)], "an unknown sequence id is a bug"),
+        ([("append", ghost, 1)], "an unknown sequence id is a bug"),
+        ([("add", seq, tokens), ("add", seq, tokens)], "a live id cannot be added twice"),
+        ([("add", seq, tokens), ("free", seq, 0), ("free", seq, 0)],
          "a freed sequence is forgotten: freeing it again is a bug"),
-        ([("add", "a", -3)], "a negative length is a mistake"),
-        ([("add", "a", 5), ("append", "a", 0)], "an append brings at least one token"),
+        ([("add", seq, negative)], "a negative length is a mistake"),
+        ([("add", seq, tokens), ("append", seq, 0)], "an append brings at least one token"),
     ]
-    cases += [Case(f"t = cls(BlockPool(8, 16)); {_ops_text(ops)}",
-                   lambda cls, o=ops: _replay(cls(BlockPool(8, 16)), o), Raises(ValueError),
-                   f"{why}: raise ValueError naming it")
-              for ops, why in errors]
-    return cases
+    return [Case(f"t = cls(BlockPool(8, 16)); {_ops_text(ops)}",
+                 lambda cls, o=tuple(ops): _replay(cls(BlockPool(8, 16)), o), Raises(ValueError),
+                 f"{why}: raise ValueError naming it")
+            for ops, why in errors]
 
 
 def _random_ops(rng: random.Random, num_blocks: int, count: int) -> list[Op]:
@@ -457,15 +522,40 @@ def _random_ops(rng: random.Random, num_blocks: int, count: int) -> list[Op]:
 
 
 def _block_table_fresh(seed: int) -> list[Case]:
+    """A seeded script that ends by freeing its longest sequence and adding its id again
+    with nearly every free block; appends one token at a time from a seeded length; an
+    append and an add the pool cannot serve; each bug, at seeded ids and lengths."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(2):
-        num_blocks = rng.randint(8, 24)
-        ops = _random_ops(rng, num_blocks, 10)
-        seqs = sorted({op[1] for op in ops} - {op[1] for op in ops if op[0] == "free"})
-        cases.append(_tables_case(num_blocks, ops, seqs, "each table lists its own blocks in "
-                                  "logical order; a new block only when the last one is full"))
-    return cases
+    num_blocks = rng.randint(8, 24)
+    ops = _random_ops(rng, num_blocks, 10)
+    tables = LibraryTables(BlockPool(num_blocks, 16))
+    _replay(tables, ops)
+    live = list(tables.manager.sequences)
+    again = max(live, key=lambda seq: len(tables.block_table(seq)), default="again")
+    reuse: list[Op] = [*([] if live else [("add", again, 0)]), ("free", again, 0)]
+    _replay(tables, reuse)
+    spare = tables.manager.pool.num_free  # the new add takes nearly all: their order shows
+    reuse.append(("add", again, rng.randint(16 * max(spare - 1, 0), 16 * spare)))
+    seqs = sorted({*live, again})
+    pool = rng.randint(4, 12)
+    held = rng.randint(1, 16 * (pool - 2))
+    free = pool - 1 - -(-held // 16)
+    room = -held % 16 + 16 * free
+    setup: list[Op] = [("add", "a", held)]
+    return [
+        _tables_case(num_blocks, [*ops, *reuse], seqs, "each table lists its own blocks in "
+                     "logical order; a freed sequence is forgotten: its id may start again",
+                     {"raised": "a freed sequence is forgotten: its id may start again"}),
+        _growth_case(rng.randint(1, 40), rng.randint(20, 40)),
+        _refusal_case(pool, setup, ("append", "a", room + rng.randint(1, 16)),
+                      [("append", "a", rng.randint(1, room))], ["a"],
+                      f"append: a needs more blocks than the {free} free"),
+        _refusal_case(pool, setup, ("add", "b", 16 * free + rng.randint(1, 16)),
+                      [("add", "b", rng.randint(0, 16 * free))], ["a"],
+                      f"add: b needs more blocks than the {free} free; b is not created"),
+        *_table_bugs(f"ghost{rng.randint(0, 99)}", f"s{rng.randint(0, 99)}", rng.randint(0, 99),
+                     -rng.randint(1, 99)),
+    ]
 
 
 # --- exercise 5: cost per million tokens when steps slow down ------------------------------------
@@ -536,27 +626,38 @@ def _cost_cases() -> list[Case]:
         ("40 ms, 90/h, 1 TB/s", [(32, 32 * 2000, 128), (32, 32 * 2001, 0)], 16_384,
          {"step_seconds": 0.04, "price_per_hour": 90.0, "kv_read_bandwidth": 1e12}),
     ]
-    cases = [_cost_case(*run) for run in runs]
-    cases += [Case(f"fn(steps={steps}, bytes_per_token={guide})  # {why}",
-                   lambda fn, s=steps: fn(list(s), guide), Raises(ValueError),
-                   "no decoded token, no cost per token: raise ValueError")
-              for steps, why in [([], "no steps"), ([(0, 0, 100)], "a prefill-only run")]]
-    return cases
+    return [*(_cost_case(*run) for run in runs),
+            *_no_output_cases(guide, [([], "no steps"), ([(0, 0, 100)], "a prefill-only run")])]
+
+
+def _no_output_cases(per: int, runs: Sequence[tuple[list[Step], str]]) -> list[Case]:
+    """Runs that decode no token: each must raise."""
+    return [Case(f"fn(steps={steps}, bytes_per_token={per})  # {why}",
+                 lambda fn, s=tuple(steps), p=per: fn(list(s), p), Raises(ValueError),
+                 "no decoded token, no cost per token: raise ValueError")
+            for steps, why in runs]
 
 
 def _cost_fresh(seed: int) -> list[Case]:
+    """Two seeded runs with an idle step and a prefill, at seeded prices and speeds; then no
+    steps, and a prefill-only run."""
     rng = random.Random(seed)
     cases = []
     for index in range(2):
         batch = rng.randint(1, 64)
         steps = [(batch, batch * rng.randint(100, 4000), rng.choice([0, 0, rng.randint(1, 900)]))
                  for _ in range(rng.randint(2, 5))]
+        steps[0] = (steps[0][0], steps[0][1], rng.randint(1, 900))
         steps.insert(rng.randrange(len(steps)), (0, 0, 0))
         extra = {"step_seconds": rng.choice([0.02, 0.025, 0.04]),
-                 "price_per_hour": float(rng.randint(50, 400))}
+                 "price_per_hour": float(rng.randint(50, 400)),
+                 "kv_read_bandwidth": rng.choice([1e12, 2e12, 3e12, 4.8e12])}
         cases.append(_cost_case(f"seeded run {index + 1}", steps,
                                 rng.choice([16_384, 131_072]), extra))
-    return cases
+    prefill = [(0, rng.choice([0, rng.randint(1, 4000)]), rng.randint(1, 900))
+               for _ in range(rng.randint(1, 3))]
+    return cases + _no_output_cases(rng.choice([16_384, 131_072]),
+                                    [([], "no steps"), (prefill, "a prefill-only run")])
 
 
 # --- exercise 6: a batch of block tables for the kernel -------------------------------------------
@@ -611,24 +712,56 @@ def _pack_cases() -> list[Case]:
               ("add", "c", 60)], "after a sequence was freed"),
         (8, [], "an empty batch"),
     ]
-    cases = [_pack_case(*scenario) for scenario in scenarios]
     bad = [([[1, 2]], [40], "a table one block short of its length"),
            ([[1, 2, 3, 4]], [40], "a table with a block its length does not need"),
            ([[1, 2, 3], [4]], [40, 17], "the second table is one block short"),
            ([[3, 0, 5]], [40], "a live table holding the null block"),
            ([[1], [2]], [5], "two tables, one length")]
-    cases += [Case(f"fn(tables={t}, seq_lens={ln}, block_size=16)  # {why}",
-                   lambda fn, t=t, ln=ln: _pack(fn, t, ln), Raises(ValueError),
-                   f"{why} would make the kernel read the wrong memory: raise ValueError "
-                   "naming it (check every table)")
-              for t, ln, why in bad]
-    return cases
+    return [*(_pack_case(*scenario) for scenario in scenarios), *_bad_pack_cases(bad)]
+
+
+def _bad_pack_cases(bad: Sequence[tuple[list[list[int]], list[int], str]]) -> list[Case]:
+    return [Case(f"fn(tables={t}, seq_lens={ln}, block_size=16)  # {why}",
+                 lambda fn, t=t, ln=ln: _pack(fn, t, ln), Raises(ValueError),
+                 f"{why} would make the kernel read the wrong memory: raise ValueError "
+                 "naming it (check every table)")
+            for t, ln, why in bad]
+
+
+def _spoilt(rng: random.Random, tables: list[list[int]],
+            lengths: list[int]) -> list[tuple[list[list[int]], list[int], str]]:
+    """A live batch (its first table shortest, each at least one block), spoilt each way a
+    batch can be wrong."""
+    def changed(index: int, table: list[int]) -> list[list[int]]:
+        return [table if i == index else list(t) for i, t in enumerate(tables)]
+
+    later = rng.randrange(1, len(tables))
+    null = rng.randrange(len(tables))
+    spare = max(b for table in tables for b in table) + rng.randint(1, 9)
+    held = list(tables[null])
+    held[rng.randrange(len(held))] = 0
+    return [(changed(0, tables[0][:-1]), lengths, "the first table is one block short"),
+            (changed(later, [*tables[later], spare]), lengths,
+             "a table with a block its length does not need"),
+            (changed(later, tables[later][:-1]), lengths, f"table {later} is one block short"),
+            (changed(null, held), lengths, f"table {null} holds the null block"),
+            (tables, lengths[:-1], f"{len(tables)} tables, {len(lengths) - 1} lengths")]
 
 
 def _pack_fresh(seed: int) -> list[Case]:
+    """A seeded script's batch; a seeded batch whose first table is the shortest and whose
+    blocks were freed and handed out again; that batch spoilt each way a batch can be wrong."""
     rng = random.Random(seed)
-    return [_pack_case(n, _random_ops(rng, n, 8), f"seeded batch {index + 1}")
-            for index, n in enumerate(rng.randint(8, 24) for _ in range(2))]
+    size = rng.randint(12, 24)
+    short = rng.randint(1, 16)
+    ops: list[Op] = [("add", "a", short), ("add", "gone", rng.randint(1, 48)),
+                     ("add", "b", rng.randint(17, 64)), ("free", "gone", 0),
+                     ("add", "c", rng.randint(short, 48)), ("append", "b", rng.randint(1, 20))]
+    tables, lengths, _ = _library_batch(size, ops)
+    scripted = rng.randint(8, 24)
+    return [_pack_case(scripted, _random_ops(rng, scripted, 8), "seeded batch 1"),
+            _pack_case(size, ops, "seeded batch 2"),
+            *_bad_pack_cases(_spoilt(rng, tables, lengths))]
 
 
 EXERCISES = (
