@@ -163,7 +163,7 @@ def _assert_attacks_failed(out: Path, peak_mb: int) -> None:
         row = _exercise(rows[learner], "01.bytes_per_token")
         assert row["score"] == "0.000", (learner, row)
     printer = _exercise(rows["printer"], "01.bytes_per_token")
-    assert printer["status"] == "output limit" and "over 16 MB" in printer["reason"], printer
+    assert printer["status"] == "output limit" and "more than 16 MB" in printer["reason"], printer
     assert {r["status"] for r in rows["zz-classmate"]} == {"passed"}, rows["zz-classmate"]
     assert 0 < peak_mb < 300, f"the grader peaked at {peak_mb} MB"
     summary = out.with_suffix(".txt").read_text()

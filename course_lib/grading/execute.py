@@ -325,8 +325,9 @@ async def _start(km: AsyncKernelManager, client: NotebookClient, limits: Limits,
 
 
 async def _watch_sockets(km: AsyncKernelManager, client: _LimitedClient) -> None:
-    """Note a kernel that sent a message over the cap: ZeroMQ drops the connection without
-    reading it (``MAXMSGSIZE``), and the kernel is still alive a moment later."""
+    """Note a kernel that sent a message over the cap (it printed more than the cap at once):
+    ZeroMQ drops the connection without reading it (``MAXMSGSIZE``), and the kernel is still
+    alive a moment later."""
     monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                 for channel in (client.kc.iopub_channel, client.kc.shell_channel)]
     try:
@@ -334,7 +335,7 @@ async def _watch_sockets(km: AsyncKernelManager, client: _LimitedClient) -> None
                            return_when=asyncio.FIRST_COMPLETED)
         await asyncio.sleep(1)
         if await km.is_alive() and not client.over:
-            client.over = "message"
+            client.over = "output"
             client.on_over()
     finally:
         for monitor in monitors:
@@ -388,10 +389,8 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
         client.kc.stop_channels()
     if client.over:
         result.status = "output limit"
-        result.problem = {"output": f"printed more than {limits.output_mb} MB",
-                          "harvest": f"harvest over {limits.harvest_mb} MB",
-                          "message": f"sent a message over {_message_cap(limits) >> 20} MB"
-                          }[client.over]
+        result.problem = (f"printed more than {limits.output_mb} MB" if client.over == "output"
+                          else f"harvest over {limits.harvest_mb} MB")
     result.first_error = _first_error(runnable, harvest_at, limits)
 
 
