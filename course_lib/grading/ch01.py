@@ -181,11 +181,12 @@ def _blocks_case(tokens: int, block_size: int) -> Case:
 def _blocks_needed_cases() -> list[Case]:
     pairs = [(900, 16), (896, 16), (1, 16), (16, 16), (17, 16), (0, 16), (1000, 128),
              (2**60 + 1, 16)]
-    return [*(_blocks_case(t, b) for t, b in pairs), *_bad_blocks_cases(10, 0, -5, 16)]
+    return [*(_blocks_case(t, b) for t, b in pairs), *bad_length_cases(10, 0, -5, 16)]
 
 
-def _bad_blocks_cases(tokens: int, bad_size: int, bad_tokens: int, block_size: int) -> list[Case]:
-    """A block size below 1, then a negative length: both must raise."""
+def bad_length_cases(tokens: int, bad_size: int, bad_tokens: int,
+                     block_size: int) -> list[Case]:
+    """A block size below 1, then a negative length: both must raise (chapters 01 and 03)."""
     return [
         Case(f"fn(tokens={tokens}, block_size={bad_size})",
              lambda fn, t=tokens, b=bad_size: fn(t, b), Raises(ValueError),
@@ -205,7 +206,7 @@ def _blocks_needed_fresh(seed: int) -> list[Case]:
     lengths = [whole, whole + 1, rng.randint(1, 10**6), 0,  # then one a float cannot hold
                b * 2**rng.randint(53, 60) + rng.randint(1, b - 1)]
     return [*(_blocks_case(t, b) for t in lengths),
-            *_bad_blocks_cases(rng.randint(1, 999), -rng.randint(0, 16), -rng.randint(1, 999),
+            *bad_length_cases(rng.randint(1, 999), -rng.randint(0, 16), -rng.randint(1, 999),
                                rng.choice([8, 16, 32, 128]))]
 
 

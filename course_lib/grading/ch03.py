@@ -16,6 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from course_lib.grading.ch01 import bad_length_cases
 from course_lib.grading.check import (
     Case,
     Exercise,
@@ -63,20 +64,7 @@ def _last_block_case(tokens: int, block_size: int) -> Case:
 def _last_block_cases() -> list[Case]:
     pairs = [(900, 16), (896, 16), (897, 16), (1, 16), (16, 16), (1000, 128), (8192, 16),
              (0, 16), (32, 16)]
-    return [*(_last_block_case(t, b) for t, b in pairs), *_bad_last_block_cases(10, 0, -1, 16)]
-
-
-def _bad_last_block_cases(tokens: int, bad_size: int, bad_tokens: int,
-                          block_size: int) -> list[Case]:
-    """A block size below 1, then a negative length: both must raise."""
-    return [
-        Case(f"fn(tokens={tokens}, block_size={bad_size})",
-             lambda fn, t=tokens, b=bad_size: fn(t, b), Raises(ValueError),
-             "a block of zero tokens is impossible: raise ValueError"),
-        Case(f"fn(tokens={bad_tokens}, block_size={block_size})",
-             lambda fn, t=bad_tokens, b=block_size: fn(t, b), Raises(ValueError),
-             "a negative length is a mistake: raise ValueError"),
-    ]
+    return [*(_last_block_case(t, b) for t, b in pairs), *bad_length_cases(10, 0, -1, 16)]
 
 
 def _last_block_fresh(seed: int) -> list[Case]:
@@ -87,7 +75,7 @@ def _last_block_fresh(seed: int) -> list[Case]:
     whole = rng.randint(1, 400) * b
     lengths = [whole, whole + 1, whole + rng.randint(2, b - 1), 0, rng.randint(1, b - 1)]
     return [*(_last_block_case(t, b) for t in lengths),
-            *_bad_last_block_cases(rng.randint(1, 5000), -rng.randint(0, 16),
+            *bad_length_cases(rng.randint(1, 5000), -rng.randint(0, 16),
                                    -rng.randint(1, 5000), rng.choice([8, 16, 32, 128]))]
 
 
