@@ -5,12 +5,14 @@ caught by the cases drawn for every seed too, invalid inputs included."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 
 import pytest
 
 from course_lib.grading import GRADED_CHAPTERS, chapter_exercises, find_exercise
-from course_lib.grading.check import Case, Exercise, Raises, run_case
+from course_lib.grading.check import Case, Exercise, Raises, observe, run_case
+from course_lib.grading.grade import judge_harvest
 from tests.mutants import Mutant
 from tests.test_mutant_hints import MUTANTS
 
@@ -62,3 +64,65 @@ def test_fresh_cases_draw_invalid_inputs_when_fixed_ones_have_them(exercise: Exe
     missing = [seed for seed in SEEDS if not _raises(exercise.fresh(seed))]
     assert not missing, (f"{exercise.name}: no fresh case must raise at seeds {missing}, but "
                          f"the fixed cases {fixed} must")
+
+
+class _Stop(Exception):
+    """Ends a recording run of a case after its first call."""
+
+
+def _arguments(case: Case) -> str | None:
+    """The arguments ``case`` calls the learner's function with, as a key, where it makes one
+    call of a function (not a class's script); None otherwise."""
+    seen: list[str] = []
+
+    def recorder(*args: object, **kwargs: object) -> None:
+        seen.append(repr((args, sorted(kwargs.items()))))
+        raise _Stop
+
+    try:
+        case.run(recorder)
+    except _Stop:
+        return seen[0]
+    except Exception:  # a script that wants more than a function
+        return None
+    return None
+
+
+def _hard_coded(cases: Sequence[Case], wrong: object) -> object:
+    """``wrong``, answering the ``cases``' own inputs with their expected values or errors, as
+    a learner who copied ``check``'s report would."""
+    answers = {key: case.expected for case in cases if (key := _arguments(case)) is not None}
+
+    def copied(*args: object, **kwargs: object) -> object:
+        expected = answers.get(repr((args, sorted(kwargs.items()))), _Stop)
+        if expected is _Stop:
+            return wrong(*args, **kwargs)  # type: ignore[operator]
+        if isinstance(expected, Raises):
+            raise expected.error("copied from the report")
+        return expected
+
+    return copied
+
+
+def _grade(exercise: Exercise, obj: object, seed: int) -> float:
+    """The grader's score of ``obj``: its observations judged as a harvest in the grader."""
+    cases = [*_fixed(exercise.name), *exercise.fresh(seed)]  # type: ignore[misc]
+    harvest = {"calls": [case.call for case in cases],
+               "observations": [observe(case, obj) for case in cases]}
+    return judge_harvest(json.dumps(harvest), cases, len(_fixed(exercise.name)))[0]
+
+
+FUNCTIONS = [m for m in MUTANTS if callable(m.obj) and not isinstance(m.obj, type)
+             and any(_arguments(case) for case in _fixed(m.exercise))]
+
+
+@pytest.mark.parametrize("mutant", FUNCTIONS, ids=lambda m: f"{m.exercise}:{m.name}")
+def test_hard_coding_the_fixed_cases_over_a_mistake_earns_nothing(mutant: Mutant) -> None:
+    """Issue 30's measured case: chapter 01 with no input validation scored 3.8, and 5.0 with
+    the fixed invalid inputs' errors hard-coded."""
+    exercise = find_exercise(mutant.exercise)
+    copied = _hard_coded(_fixed(exercise.name), mutant.obj)
+    for seed in SEEDS[:2]:
+        alone, hard_coded = _grade(exercise, mutant.obj, seed), _grade(exercise, copied, seed)
+        assert hard_coded <= alone, (mutant.name, seed, alone, hard_coded)
+        assert hard_coded < 1.0, (mutant.name, seed)
