@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from course_lib.grading import chapter_exercises, find_exercise
-from course_lib.grading.ch04 import _library_append as library_append
-from course_lib.grading.ch04 import _library_fork as library_fork
+from course_lib.grading import ch04, chapter_exercises, find_exercise
 from course_lib.grading.check import CheckResult, evaluate
 from course_lib.paged import BlockPool
 from course_lib.prefix_cache import block_hashes
 from tests.mutants.ch04 import (
     ReferenceQueue,
     append_without_copy_on_write,
+    library_append,
+    library_fork,
     library_lookup,
     library_system_prompt,
 )
@@ -111,6 +111,28 @@ def test_the_demo_case_reports_the_source_figures() -> None:
     assert "1,000-token prompt" in demo.call and not demo.passed
     assert demo.expected == "(114, (64, 65, 66, 63), 4)"
     assert demo.got == "(111, (63, 63, 63, 63), 4)"
+
+
+def test_the_fork_demo_shares_the_prompt_blocks() -> None:
+    demo = run("04.fork", library_fork, seed=None).cases[-1]
+    assert "1,000-token prompt" in demo.call and demo.passed
+    assert demo.expected == "237"  # 300 blocks, 63 of them shared by the 4 samples
+
+
+@pytest.mark.parametrize("script", [script for _, _, script, _ in ch04.APPEND_SCRIPTS]
+                         + [ch04._forked_samples(1000, 4),
+                            [("add", "x", 9), ("add", "y", 2), ("free", "x"), ("add", "a", 5),
+                             ("fork", "a", "b"), ("free", "y")]])
+def test_an_append_case_starts_from_the_library_state_rebuilt_from_plain_data(
+        script: list) -> None:
+    """The kernel rebuilds, from primitive pool operations, exactly the pool the library
+    leaves after the adds, forks and frees: the same counts and the same free queue."""
+    setup, _ = ch04._split(script)
+    library = ch04._library_run(301, 4, setup).pool
+    rebuilt = ch04._rebuilt(301, 4, ch04._start(301, 4, setup))
+    assert rebuilt.free_blocks() == library.free_blocks()
+    assert [rebuilt.ref_count(b) for b in range(301)] == [library.ref_count(b)
+                                                          for b in range(301)]
 
 
 def test_a_crash_in_learner_code_is_reported_with_its_line() -> None:

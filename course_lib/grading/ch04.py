@@ -3,19 +3,26 @@ and the prefix cache's free queue (eviction order).
 
 Expected values come from ``course_lib.paged``, ``course_lib.prefix_cache`` and
 ``course_lib.sharing``. The learner's ``fork`` and ``append_token`` work on block tables
-held as plain lists over a library ``BlockPool``; a case replays a short script of
-operations twice, once through the learner's function and once through
-``PagedKVManager``, and compares what each leaves behind: every table, every length, every
-reference count and the number of free blocks. How the learner's code reaches that state
-(``copy_on_write``, or ``allocate`` plus ``free``) is up to them. The learner's free queue
-is driven only through its four methods and compared, block id by block id, with
-``PrefixCachingBlockPool`` running the same script.
+held as plain lists over a library ``BlockPool``; a case runs a short script of operations
+and compares what it leaves behind with what ``PagedKVManager`` leaves: every table, every
+length, every reference count and the number of free blocks. How the learner's code reaches
+that state (``copy_on_write``, or ``allocate`` plus ``free``) is up to them.
+
+Nothing that travels into the learner's kernel forks or appends on the learner's behalf:
+a fork case runs only adds and frees (plain pool operations) around the learner's ``fork``
+and looks at the state right after, and an append case starts from the state the library
+leaves after the script's adds, forks and frees, computed here and shipped as plain data
+that the kernel rebuilds from primitive pool operations, so only the learner's
+``append_token`` runs there. The learner's free queue is driven only through its
+four methods and compared, block id by block id, with ``PrefixCachingBlockPool`` running the
+same script.
 
 Every case's ``run`` returns plain data (ints, None, str, lists, tuples, dicts), and
 ``strict_equal`` compares it type for type: ``True`` is not ``1`` and ``7.0`` is not ``7``.
 Each case also replays the usual slips (a fork that shares nothing, an append without
 copy-on-write, a hash chain without its parent, a lookup past a miss, ...) on its own
-inputs, so a wrong answer that matches one is told which slip it is.
+inputs, so a wrong answer that matches one is told which slip it is. Fresh cases draw every
+kind of fixed case again, with other sizes and lengths.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from course_lib.grading.check import Case, Exercise, labelled, recognising, strict_equal
@@ -37,7 +44,7 @@ from course_lib.prefix_cache import (
 )
 from course_lib.sharing import cow_demo, system_prompt_sharing
 
-# --- replaying a script of block-table operations ---------------------------------------
+# --- scripts of block-table operations ------------------------------------------------------
 
 Op = tuple[Any, ...]
 """``("add", seq, tokens)``, ``("fork", parent, child)``, ``("append", seq, tokens)`` or
@@ -89,9 +96,9 @@ def _state(
     }
 
 
-def _expected_state(num_blocks: int, block_size: int, script: Sequence[Op]) -> PoolState:
-    """Run ``script`` through the library's ``PagedKVManager``."""
-    manager = PagedKVManager(BlockPool(num_blocks, block_size))
+def _library_steps(manager: PagedKVManager, script: Sequence[Op]) -> Iterator[None]:
+    """Run ``script`` through the library's ``PagedKVManager`` (in the grader), pausing after
+    each operation."""
     for op in script:
         if op[0] == "add":
             manager.add_sequence(op[1], op[2])
@@ -102,53 +109,35 @@ def _expected_state(num_blocks: int, block_size: int, script: Sequence[Op]) -> P
                 manager.append_tokens(op[1])
         else:
             manager.free_sequence(op[1])
+        yield
+
+
+def _library_run(num_blocks: int, block_size: int, script: Sequence[Op]) -> PagedKVManager:
+    """The library's manager after ``script``."""
+    manager = PagedKVManager(BlockPool(num_blocks, block_size))
+    for _ in _library_steps(manager, script):
+        pass
+    return manager
+
+
+def _expected_state(num_blocks: int, block_size: int, script: Sequence[Op]) -> PoolState:
+    """The state the library leaves after ``script``."""
+    manager = _library_run(num_blocks, block_size, script)
     tables = {seq: manager.block_table(seq) for seq in manager.sequences}
     lengths = {seq: manager.seq_len(seq) for seq in manager.sequences}
     return _state(manager.pool, tables, lengths)
 
 
-def _library_fork(pool: BlockPool, table: list[int]) -> list[int]:
-    """What ``PagedKVManager.fork`` does to one table, for scripts that test ``append``."""
-    for block in table:
-        pool.share(block)
-    return list(table)
+def _pool_size(block_size: int, script: Sequence[Op], spare: int = 2) -> int:
+    """A pool size for a drawn script: its peak use in the library, ``spare`` blocks more (so
+    the usual slips run to the end too), and the null block."""
+    manager = PagedKVManager(BlockPool(10_000, block_size))
+    return max(manager.pool.num_used for _ in _library_steps(manager, script)) + spare + 1
 
 
-def _library_append(pool: BlockPool, table: list[int], length: int) -> int:
-    """What ``PagedKVManager.append_tokens`` does for one token, for scripts that test ``fork``."""
-    if length % pool.block_size == 0:
-        table.append(pool.allocate())
-    elif pool.ref_count(table[-1]) > 1:
-        table[-1] = pool.copy_on_write(table[-1])
-    return length + 1
-
-
-def _replay(
-    num_blocks: int,
-    block_size: int,
-    script: Sequence[Op],
-    fork: Callable[[BlockPool, list[int]], Any],
-    append: Callable[[BlockPool, list[int], int], Any],
-) -> PoolState:
-    """Run ``script`` on plain-list tables with the given ``fork`` and ``append``."""
-    pool = BlockPool(num_blocks, block_size)
-    tables: dict[str, Any] = {}
-    lengths: dict[str, Any] = {}
-    for op in script:
-        if op[0] == "add":
-            tables[op[1]] = [pool.allocate() for _ in range(blocks_needed(op[2], block_size))]
-            lengths[op[1]] = op[2]
-        elif op[0] == "fork":
-            tables[op[2]] = fork(pool, tables[op[1]])
-            lengths[op[2]] = lengths[op[1]]
-        elif op[0] == "append":
-            for _ in range(op[2]):
-                lengths[op[1]] = append(pool, tables[op[1]], lengths[op[1]])
-        else:
-            for block in reversed(tables.pop(op[1])):
-                pool.free(block)
-            del lengths[op[1]]
-    return _state(pool, tables, lengths)
+def _free(pool: BlockPool, table: Sequence[int]) -> None:
+    """Release a finished sequence's table as the library does: one batch, last block first."""
+    pool.free_batch(list(table)[::-1])
 
 
 def _script_text(block_size: int, script: Sequence[Op]) -> str:
@@ -166,33 +155,53 @@ def _script_text(block_size: int, script: Sequence[Op]) -> str:
     return f"blocks of {block_size}: " + "; ".join(steps)
 
 
-def _samples(prompt: int, count: int, new: int) -> list[Op]:
-    """Prefill ``prompt`` tokens, fork ``count`` samples, free the prompt, decode in turns."""
-    names = [f"s{i}" for i in range(count)]
-    script: list[Op] = [("add", "p", prompt), *(("fork", "p", n) for n in names), ("free", "p")]
-    for _ in range(new):
-        script += [("append", n, 1) for n in names]
-    return script
+def _forked_samples(prompt: int, count: int) -> list[Op]:
+    """Prefill ``prompt`` tokens, fork ``count`` samples, free the prompt."""
+    return [("add", "p", prompt), *(("fork", "p", f"s{i}") for i in range(count)),
+            ("free", "p")]
+
+
+def _turns(count: int, new: int) -> list[Op]:
+    """``count`` samples decode ``new`` tokens each, one token at a time, in turns."""
+    return [("append", f"s{i}", 1) for _ in range(new) for i in range(count)]
+
+
+def _partly_filled(rng: random.Random, size: int, blocks: tuple[int, int] = (1, 4)) -> int:
+    """A drawn length whose last block is partly filled (``blocks`` full blocks before it)."""
+    return rng.randint(*blocks) * size + rng.randint(1, size - 1)
+
+
+def _elsewhere(rng: random.Random, size: int, script: list[Op]) -> list[Op]:
+    """``script`` after another sequence took some blocks (and, half the time, gave them back
+    last block first), so the ids a case sees are drawn too."""
+    other: list[Op] = [("add", "x", rng.randint(1, 3 * size))]
+    return other + ([("free", "x")] if rng.random() < 0.5 else []) + script
 
 
 # --- 04.fork ------------------------------------------------------------------------------
 
 FORK_HINT = ("after a fork the child reads exactly the parent's blocks, and the pool must know "
              "that each of them now has one more reader; nothing new is stored")
+TWO_FORKS_HINT = "how many tables point at each block after two forks of the same parent?"
+EMPTY_FORK_HINT = "an empty table forks into an empty table"
+FREED_PARENT_HINT = ("when the parent is freed, the child still reads those blocks: they must "
+                     "stay in use")
+FULL_FORK_HINT = ("copy-on-write decides from the pool's counts whether a block is shared: "
+                  "after your fork, are they right for full blocks too?")
+GRANDPARENT_HINT = "a fork of a fork reads the same physical blocks as its grandparent"
+FORK_DEMO_HINT = "free blocks after the source's demo forks: forks must share, not copy"
+
+OWN = "own lists"
+"""The part of a fork case's result naming the sequences whose table is a list of their own."""
 
 FORK_SCRIPTS: tuple[tuple[int, int, list[Op], str], ...] = (
     (8, 4, [("add", "a", 6), ("fork", "a", "b")], FORK_HINT),
-    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("fork", "a", "c")],
-     "how many tables point at each block after two forks of the same parent?"),
-    (8, 4, [("add", "a", 0), ("fork", "a", "b")], "an empty table forks into an empty table"),
-    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("free", "a")],
-     "when the parent is freed, the child still reads those blocks: they must stay in use"),
-    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1)],
-     "copy-on-write decides from the pool's counts whether a block is shared: after your "
-     "fork, are they right?"),
-    (12, 4, [("add", "a", 5), ("fork", "a", "b"), ("fork", "b", "c"), ("free", "a"),
-             ("append", "c", 2), ("append", "b", 4)],
-     "a fork of a fork reads the same physical blocks as its grandparent"),
+    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("fork", "a", "c")], TWO_FORKS_HINT),
+    (8, 4, [("add", "a", 0), ("fork", "a", "b")], EMPTY_FORK_HINT),
+    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("free", "a")], FREED_PARENT_HINT),
+    (8, 4, [("add", "a", 8), ("fork", "a", "b")], FULL_FORK_HINT),
+    (12, 4, [("add", "a", 5), ("fork", "a", "b"), ("fork", "b", "c"), ("free", "a")],
+     GRANDPARENT_HINT),
 )
 
 
@@ -228,15 +237,37 @@ FORK_SLIPS = (
 """Wrong forks the checks recognise, with their hints."""
 
 
+def _forked(num_blocks: int, block_size: int, script: Sequence[Op],
+            fork: Callable[[BlockPool, list[int]], Any]) -> PoolState:
+    """Run ``script`` (adds, forks and frees, no appends) on plain-list tables with ``fork``:
+    the state right after, and which sequences hold a list of their own."""
+    pool = BlockPool(num_blocks, block_size)
+    tables: dict[str, Any] = {}
+    lengths: dict[str, Any] = {}
+    for op in script:
+        if op[0] == "add":
+            tables[op[1]] = pool.allocate_many(blocks_needed(op[2], block_size))
+            lengths[op[1]] = op[2]
+        elif op[0] == "fork":
+            tables[op[2]] = fork(pool, tables[op[1]])
+            lengths[op[2]] = lengths[op[1]]
+        else:
+            _free(pool, tables.pop(op[1]))
+            del lengths[op[1]]
+    own = [seq for seq in sorted(tables) if type(tables[seq]) is list
+           and sum(table is tables[seq] for table in tables.values()) == 1]
+    return {**_state(pool, tables, lengths), OWN: own}
+
+
 def _fork_state_case(num_blocks: int, block_size: int, script: list[Op], hint: str) -> Case:
+    expected = _expected_state(num_blocks, block_size, script)
     return _case(
         f"fork(pool, table) in: {_script_text(block_size, script)}",
-        lambda fn, n=num_blocks, b=block_size, s=tuple(script): _replay(n, b, s, fn,
-                                                                         _library_append),
-        _expected_state(num_blocks, block_size, script),
+        lambda fn, n=num_blocks, b=block_size, s=tuple(script): _forked(n, b, s, fn),
+        {**expected, OWN: sorted(expected["tables"])},
         hint,
-        _slips(lambda slip: _replay(num_blocks, block_size, script, slip, _library_append),
-               FORK_SLIPS),
+        _slips(lambda slip: _forked(num_blocks, block_size, script, slip), FORK_SLIPS),
+        {OWN: FORK_SLIPS[3][1]},
     )
 
 
@@ -249,6 +280,19 @@ def _fork_keeps_parent(fn: Callable[[BlockPool, list[int]], Any]) -> list[int]:
     return parent
 
 
+def _fork_demo_case(num_blocks: int, prompt: int, samples: int, call: str) -> Case:
+    """Free blocks once ``samples`` forks of a ``prompt``-token prompt (blocks of 16) alone
+    hold it."""
+    script, size = _forked_samples(prompt, samples), 16
+    return _case(
+        call,
+        lambda fn, n=num_blocks, s=tuple(script): _forked(n, size, s, fn)["free"],
+        _expected_state(num_blocks, size, script)["free"],
+        FORK_DEMO_HINT,
+        _slips(lambda slip: _forked(num_blocks, size, script, slip)["free"], FORK_SLIPS),
+    )
+
+
 def _fork_cases() -> list[Case]:
     cases = [_fork_state_case(*args) for args in FORK_SCRIPTS]
     cases.append(_case(
@@ -257,60 +301,69 @@ def _fork_cases() -> list[Case]:
         [1, 2],
         FORK_SLIPS[3][1],
     ))
-    demo = _samples(1000, 4, 200)
-    cases.append(_case(
-        "fork(pool, table) in the source's demo: 1,000-token prompt, 4 samples x 200 tokens, "
-        "blocks of 16 -> free blocks at the end",
-        lambda fn: _replay(301, 16, demo, fn, _library_append)["free"],
-        _expected_state(301, 16, demo)["free"],
-        "free blocks at the end of the source's demo: forks must share, not copy",
-    ))
+    cases.append(_fork_demo_case(
+        301, 1000, 4, "fork(pool, table) in the source's demo: a 1,000-token prompt forked "
+                      "into 4 samples, then freed, blocks of 16 -> free blocks"))
     return cases
 
 
-def _random_samples(rng: random.Random, fork_first: bool) -> tuple[int, int, list[Op]]:
-    """(blocks, block size, script): a prompt, forked samples, interleaved decoding."""
-    size = rng.choice([2, 4, 8, 16])
-    prompt, count, new = rng.randint(0, 5 * size), rng.randint(1, 4), rng.randint(1, 2 * size)
-    script = _samples(prompt, count, new)
-    if not fork_first:
-        script = [("add", "p", prompt), ("fork", "p", "s0"), ("append", "p", new),
-                  ("append", "s0", new)]
-    needed = blocks_needed(prompt + new, size) * (count + 1) + 2
-    return needed, size, script
-
-
 def _fork_fresh(seed: int) -> list[Case]:
+    """Every kind of fixed fork case, drawn: an empty table, full blocks only, two forks of
+    one parent, a freed parent, a fork of a fork, and a prompt the size of the demo's."""
     rng = random.Random(seed)
-    return [_fork_state_case(*_random_samples(rng, fork_first), FORK_HINT)
-            for fork_first in (True, False)]
+    sizes = [rng.choice([2, 4, 8, 16]) for _ in range(5)]
+    part = [_partly_filled(rng, size) for size in sizes]
+    scripts = [
+        ([("add", "a", 0), ("fork", "a", "b")], EMPTY_FORK_HINT),
+        ([("add", "a", rng.randint(1, 5) * sizes[1]), ("fork", "a", "b")], FULL_FORK_HINT),
+        ([("add", "a", part[2]), ("fork", "a", "b"), ("fork", "a", "c")], TWO_FORKS_HINT),
+        ([("add", "a", part[3]), ("fork", "a", "b"), ("free", "a")], FREED_PARENT_HINT),
+        ([("add", "a", part[4]), ("fork", "a", "b"), ("fork", "b", "c"),
+          ("free", rng.choice("ab"))], GRANDPARENT_HINT),
+    ]
+    cases = []
+    for size, (script, hint) in zip(sizes, scripts, strict=True):
+        copies = 2 * blocks_needed(script[0][2], size)  # room for a fork that copies
+        script = _elsewhere(rng, size, script)
+        cases.append(_fork_state_case(_pool_size(size, script, copies), size, script, hint))
+    prompt, samples = rng.randint(500, 1500), rng.randint(2, 6)
+    cases.append(_fork_demo_case(
+        blocks_needed(prompt, 16) * (samples + 1) + 1, prompt, samples,
+        f"fork(pool, table): a {prompt}-token prompt forked into {samples} samples, then "
+        "freed, blocks of 16 -> free blocks"))
+    return cases
 
 
 # --- 04.append_token ----------------------------------------------------------------------
 
 APPEND_HINT = ("a token needs a slot: in the last block if it has room, else in a new block; "
                "and no sequence may change a block that another sequence still reads")
+FIRST_TOKEN_HINT = "an empty sequence has no block: its first token needs a fresh one"
+IN_PLACE_HINT = ("the last block has a free slot and nobody else reads it: does anything need "
+                 "to change?")
+FULL_BLOCK_HINT = "where does the 5th token go when 4 tokens fill a block of 4?"
+SHARED_TAIL_HINT = ("the last block is partly filled and another sequence still reads it: "
+                    "writing there would change what that sequence sees")
+LAST_SHARER_HINT = "after the other sharer made its copy, who else reads the old block?"
+SHARED_FULL_HINT = ("a full block is never written again, shared or not: what does the next "
+                    "token need?")
+SAMPLES_HINT = "three samples of one prompt: think about what the third writer finds"
+ONE_AT_A_TIME_HINT = "nine tokens one at a time: a block is taken only when one is needed"
+APPEND_DEMO_HINT = ("the source's demo: which of the four samples still shares the prompt's "
+                    "partly filled last block when it writes?")
 
 APPEND_SCRIPTS: tuple[tuple[int, int, list[Op], str], ...] = (
-    (8, 4, [("add", "a", 0), ("append", "a", 1)],
-     "an empty sequence has no block: its first token needs a fresh one"),
-    (8, 4, [("add", "a", 3), ("append", "a", 1)],
-     "the last block has a free slot and nobody else reads it: does anything need to change?"),
-    (8, 4, [("add", "a", 4), ("append", "a", 1)],
-     "where does the 5th token go when 4 tokens fill a block of 4?"),
-    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1)],
-     "the last block is partly filled and another sequence still reads it: writing there "
-     "would change what that sequence sees"),
+    (8, 4, [("add", "a", 0), ("append", "a", 1)], FIRST_TOKEN_HINT),
+    (8, 4, [("add", "a", 3), ("append", "a", 1)], IN_PLACE_HINT),
+    (8, 4, [("add", "a", 4), ("append", "a", 1)], FULL_BLOCK_HINT),
+    (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1)], SHARED_TAIL_HINT),
     (8, 4, [("add", "a", 6), ("fork", "a", "b"), ("append", "b", 1), ("append", "a", 1)],
-     "after the other sharer made its copy, who else reads the old block?"),
-    (8, 4, [("add", "a", 8), ("fork", "a", "b"), ("append", "b", 1)],
-     "a full block is never written again, shared or not: what does the next token need?"),
+     LAST_SHARER_HINT),
+    (8, 4, [("add", "a", 8), ("fork", "a", "b"), ("append", "b", 1)], SHARED_FULL_HINT),
     (10, 4, [("add", "p", 6), ("fork", "p", "s0"), ("fork", "p", "s1"), ("fork", "p", "s2"),
              ("free", "p"), ("append", "s0", 1), ("append", "s1", 1), ("append", "s2", 1),
-             ("append", "s0", 2), ("append", "s1", 2), ("append", "s2", 2)],
-     "three samples of one prompt: think about what the third writer finds"),
-    (12, 4, [("add", "a", 2), ("append", "a", 9)],
-     "nine tokens one at a time: a block is taken only when one is needed"),
+             ("append", "s0", 2), ("append", "s1", 2), ("append", "s2", 2)], SAMPLES_HINT),
+    (12, 4, [("add", "a", 2), ("append", "a", 9)], ONE_AT_A_TIME_HINT),
 )
 
 
@@ -358,15 +411,68 @@ APPEND_SLIPS = (
 
 APPEND_LABELS = {"lengths": "append_token returns the sequence's new length"}
 
+Start = dict[str, Any]
+"""Where an append case starts, as plain data: the library's ``tables``, ``lengths`` and
+``refs`` after the script's adds, forks and frees, and its free ``queue``, front first."""
 
-def _append_case(num_blocks: int, size: int, script: Sequence[Op], hint: str) -> Case:
+
+def _start(num_blocks: int, block_size: int, setup: Sequence[Op]) -> Start:
+    """The state the library leaves after ``setup``, computed here, for the kernel to rebuild."""
+    manager = _library_run(num_blocks, block_size, setup)
+    pool, seqs = manager.pool, manager.sequences
+    return {"tables": {seq: list(manager.block_table(seq)) for seq in seqs},
+            "lengths": {seq: manager.seq_len(seq) for seq in seqs},
+            "refs": {block: pool.ref_count(block) for block in range(1, pool.num_blocks)
+                     if pool.ref_count(block)},
+            "queue": list(pool.free_blocks())}
+
+
+def _rebuilt(num_blocks: int, block_size: int, start: Start) -> BlockPool:
+    """A pool in the state ``start`` describes, made of primitive pool operations: every block
+    handed out, each held block shared up to its count, the free ones given back in queue
+    order."""
+    pool = BlockPool(num_blocks, block_size)
+    pool.allocate_many(num_blocks - 1)
+    for block, count in start["refs"].items():
+        for _ in range(count - 1):
+            pool.share(block)
+    pool.free_batch(start["queue"])
+    return pool
+
+
+def _appended(num_blocks: int, block_size: int, start: Start, appends: Sequence[Op],
+              append: Callable[[BlockPool, list[int], int], Any]) -> PoolState:
+    """From ``start``, run ``appends`` with ``append``: the state they leave."""
+    pool = _rebuilt(num_blocks, block_size, start)
+    tables = {seq: list(table) for seq, table in start["tables"].items()}
+    lengths = dict(start["lengths"])
+    for _, seq, tokens in appends:
+        for _ in range(tokens):
+            lengths[seq] = append(pool, tables[seq], lengths[seq])
+    return _state(pool, tables, lengths)
+
+
+def _split(script: Sequence[Op]) -> tuple[list[Op], list[Op]]:
+    """(setup, appends): the operations before the first append, and the appends."""
+    first = next((i for i, op in enumerate(script) if op[0] == "append"), len(script))
+    setup, appends = list(script[:first]), list(script[first:])
+    if any(op[0] != "append" for op in appends):
+        raise ValueError(f"an append case adds, forks and frees before its appends: {script}")
+    return setup, appends
+
+
+def _append_case(num_blocks: int, size: int, script: Sequence[Op], hint: str,
+                 call: str | None = None) -> Case:
+    """A case that runs ``script``'s appends from the state the library leaves before them;
+    ``call`` describes the script when the default text would be long."""
+    setup, appends = _split(script)
+    start = _start(num_blocks, size, setup)
     return _case(
-        f"append_token(pool, table, length) in: {_script_text(size, script)}",
-        lambda fn, n=num_blocks, b=size, s=tuple(script): _replay(n, b, s, _library_fork, fn),
+        f"append_token(pool, table, length) in: {call or _script_text(size, script)}",
+        lambda fn, n=num_blocks, b=size, s=start, t=tuple(appends): _appended(n, b, s, t, fn),
         _expected_state(num_blocks, size, script),
         hint,
-        _slips(lambda slip: _replay(num_blocks, size, script, _library_fork, slip),
-               APPEND_SLIPS),
+        _slips(lambda slip: _appended(num_blocks, size, start, appends, slip), APPEND_SLIPS),
         APPEND_LABELS,
     )
 
@@ -374,24 +480,58 @@ def _append_case(num_blocks: int, size: int, script: Sequence[Op], hint: str) ->
 def _append_cases() -> list[Case]:
     cases = [_append_case(*args) for args in APPEND_SCRIPTS]
     demo = cow_demo(prompt_tokens=1000, samples=4, new_tokens=200, block_size=16)
-    script = _samples(1000, 4, 200)
+    setup, appends = _split(_forked_samples(1000, 4) + _turns(4, 200))
+    start = _start(301, 16, setup)
     cases.append(_case(
         "the source's demo with append_token: 1,000-token prompt, 4 samples x 200 tokens, "
         "blocks of 16 -> (blocks in use, last prompt block per sample, first block's count)",
-        lambda fn: _demo_summary(_replay(301, 16, script, _library_fork, fn)),
+        lambda fn: _demo_summary(_appended(301, 16, start, appends, fn)),
         (demo.blocks_in_use, demo.last_prompt_block_per_sample, demo.first_block_refcount),
-        "the source's demo: which of the four samples still shares the prompt's partly "
-        "filled last block when it writes?",
-        _slips(lambda slip: _demo_summary(_replay(301, 16, script, _library_fork, slip)),
-               APPEND_SLIPS),
+        APPEND_DEMO_HINT,
+        _slips(lambda slip: _demo_summary(_appended(301, 16, start, appends, slip)), APPEND_SLIPS),
     ))
     return cases
 
 
+def _drawn_samples(rng: random.Random, size: int, prompt: int, count: int, new: int,
+                   hint: str) -> Case:
+    """An append case: ``count`` samples of a freed ``prompt``-token prompt decode ``new``
+    tokens each, in turns, after another sequence took some blocks."""
+    setup = _elsewhere(rng, size, _forked_samples(prompt, count))
+    script = setup + _turns(count, new)
+    call = (f"{_script_text(size, setup)}; then s0 .. s{count - 1} append {new} each, one "
+            "token at a time, in turns")
+    return _append_case(_pool_size(size, script), size, script, hint, call)
+
+
 def _append_fresh(seed: int) -> list[Case]:
+    """Every kind of fixed append case, drawn: a first token, writes in place, a full last
+    block, a shared partly filled block and its last sharer, a shared full block, samples
+    of a freed prompt, and a prompt the size of the demo's."""
     rng = random.Random(seed)
-    return [_append_case(*_random_samples(rng, fork_first), APPEND_HINT)
-            for fork_first in (True, False)]
+    sizes = [rng.choice([2, 4, 8]) for _ in range(6)]
+    full = [rng.randint(1, 4) * size for size in sizes]
+    part = [_partly_filled(rng, size) for size in sizes]
+    long = [rng.randint(size + 1, 3 * size) for size in sizes]
+    short = [rng.randint(1, size) for size in sizes]
+    scripts = [
+        ([("add", "a", 0), ("append", "a", long[0])], FIRST_TOKEN_HINT),
+        ([("add", "a", part[1]), ("append", "a", long[1])], IN_PLACE_HINT),
+        ([("add", "a", full[2]), ("append", "a", long[2])], FULL_BLOCK_HINT),
+        ([("add", "a", part[3]), ("fork", "a", "b"), ("append", "b", short[3]),
+          ("append", "a", short[3])], LAST_SHARER_HINT),
+        ([("add", "a", full[4]), ("fork", "a", "b"), ("append", "b", long[4]),
+          ("append", "a", short[4])], SHARED_FULL_HINT),
+    ]
+    cases = []
+    for size, (script, hint) in zip(sizes, scripts, strict=False):
+        script = _elsewhere(rng, size, script)
+        cases.append(_append_case(_pool_size(size, script), size, script, hint))
+    cases.append(_drawn_samples(rng, sizes[5], part[5], rng.randint(2, 4), short[5],
+                                SAMPLES_HINT))
+    cases.append(_drawn_samples(rng, 16, rng.randint(300, 1200), rng.randint(3, 5),
+                                rng.randint(10, 40), APPEND_HINT))
+    return cases
 
 
 # --- 04.block_hashes ----------------------------------------------------------------------
@@ -458,31 +598,48 @@ def _hashes_case(tokens: Sequence[int], size: int, salt: str | None, hint: str) 
     )
 
 
+CHAIN_HINT = ("each full block's hash must name its whole prefix, not only its own tokens: "
+              "what does hash_block_tokens take besides the tokens?")
+SALT_HINT = ("the salt must change every hash of the chain, yet it is an extra key of one "
+             "block only: which block, and how do the others inherit it?")
+PARTIAL_HINT = "can a block that is still being filled be named by a hash?"
+NO_TOKENS_HINT = "no tokens, no hashes"
+LONG_PROMPT_HINT = "a long prompt: how many of its blocks are full?"
+
+
 def _block_hashes_cases() -> list[Case]:
-    hint = ("each full block's hash must name its whole prefix, not only its own tokens: "
-            "what does hash_block_tokens take besides the tokens?")
-    salt_hint = ("the salt must change every hash of the chain, yet it is an extra key of one "
-                 "block only: which block, and how do the others inherit it?")
     inputs: list[tuple[list[int], int, str | None, str]] = [
-        (list(range(10)), 4, None, hint),
+        (list(range(10)), 4, None, CHAIN_HINT),
         (list(range(8)), 4, None, "8 tokens fill exactly 2 blocks of 4: both get a hash"),
-        ([1, 2, 3], 4, None, "can a block that is still being filled be named by a hash?"),
-        ([], 4, None, "no tokens, no hashes"),
+        ([1, 2, 3], 4, None, PARTIAL_HINT),
+        ([], 4, None, NO_TOKENS_HINT),
         ([99, *range(1, 10)], 4, None,
          "a change in the first block must change every later hash too"),
-        (list(range(10)), 4, "tenant-a", salt_hint),
-        (list(range(5)), 1, "tenant-b", salt_hint),
-        (_prompt(1000), 16, None, "a long prompt: how many of its blocks are full?"),
+        (list(range(10)), 4, "tenant-a", SALT_HINT),
+        (list(range(5)), 1, "tenant-b", SALT_HINT),
+        (_prompt(1000), 16, None, LONG_PROMPT_HINT),
     ]
     return [_hashes_case(*entry) for entry in inputs]
 
 
 def _block_hashes_fresh(seed: int) -> list[Case]:
+    """Every kind of fixed hash-chain case, drawn: no tokens, less than a block, full blocks
+    only, a partly filled tail, a salt (over blocks of 1 too), and a long prompt."""
     rng = random.Random(seed)
-    return [_hashes_case(_prompt(rng.randint(0, 60), rng.randrange(10**6)),
-                         rng.choice([1, 2, 4, 16]), salt, "each full block's hash names its "
-                         "whole prefix (and the salt, if any)")
-            for salt in (None, f"tenant-{rng.randrange(100)}", None)]
+    sizes = [rng.choice([2, 4, 8, 16]) for _ in range(5)]
+    salts = [f"tenant-{rng.randrange(1000)}" for _ in range(2)]
+    inputs: list[tuple[int, int, str | None, str]] = [
+        (0, sizes[0], None, NO_TOKENS_HINT),
+        (rng.randint(1, sizes[1] - 1), sizes[1], None, PARTIAL_HINT),
+        (rng.randint(2, 5) * sizes[2], sizes[2], None,
+         "the prompt fills its blocks exactly: each of them gets a hash"),
+        (_partly_filled(rng, sizes[3], (2, 5)), sizes[3], None, CHAIN_HINT),
+        (_partly_filled(rng, sizes[4], (2, 4)), sizes[4], salts[0], SALT_HINT),
+        (rng.randint(3, 9), 1, salts[1], SALT_HINT),
+        (rng.randint(300, 1500), 16, None, LONG_PROMPT_HINT),
+    ]
+    return [_hashes_case(_prompt(length, rng.randrange(10**6)), size, salt, hint)
+            for length, size, salt, hint in inputs]
 
 
 # --- 04.longest_cached_prefix -------------------------------------------------------------
@@ -514,6 +671,17 @@ def _cached_after(
     return cache
 
 
+STOP_HINT = ("a cached block is useful only if every block before it is cached too: what "
+             "happens after the first miss?")
+LAST_TOKEN_HINT = ("the model must compute the last prompt token itself to choose the next "
+                   "token: can the block holding it come from the cache?")
+SHORT_PROMPT_HINT = "a prompt shorter than a block has no full block"
+EMPTY_CACHE_HINT = "an empty cache finds nothing"
+NO_SALT_HINT = "a request without the salt must not see the salted blocks"
+SAME_SALT_HINT = "the same salt gives the same hashes: does your lookup hash with the salt?"
+OTHER_SALT_HINT = "a different salt changes every hash: nothing found"
+
+
 def _lookup_cases() -> list[Case]:
     a = list(range(10))
     cached_a = _cached_after(4, [(a, None)])
@@ -521,31 +689,24 @@ def _lookup_cases() -> list[Case]:
     first, second = block_hashes(a, 4)
     system = _prompt(1000)
     cached_system = _cached_after(16, [([*system, 1, 2, 3], None)])
-    stop = ("a cached block is useful only if every block before it is cached too: what "
-            "happens after the first miss?")
     inputs: list[tuple[str, dict[BlockHash, int], list[int], int, str | None, str]] = [
         ("cache after A = 0..9", cached_a, a, 4, None,
          "A's two full blocks are cached, and the prompt's last token is in its third block"),
         ("cache after A = 0..9", cached_a, [*a[:8], 99, 98, 97], 4, None,
          "the first 8 tokens match A"),
-        ("cache after A = 0..9", cached_a, [0, 1, 2, 3, 99, 5, 6, 7, 8], 4, None, stop),
+        ("cache after A = 0..9", cached_a, [0, 1, 2, 3, 99, 5, 6, 7, 8], 4, None, STOP_HINT),
         ("cache after A = 0..9", cached_a, [99, *a[1:]], 4, None,
          "the first block differs, so no hash matches (every later hash chains from it)"),
-        ("cache after A = 0..9", cached_a, a[:8], 4, None,
-         "the model must compute the last prompt token itself to choose the next token: "
-         "can the block holding it come from the cache?"),
-        ("cache after A = 0..9", cached_a, a[:3], 4, None,
-         "a prompt shorter than a block has no full block"),
-        ("empty cache", {}, a, 4, None, "an empty cache finds nothing"),
-        ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, None,
-         "a request without the salt must not see the salted blocks"),
-        ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, "acme",
-         "the same salt gives the same hashes: does your lookup hash with the salt?"),
+        ("cache after A = 0..9", cached_a, a[:8], 4, None, LAST_TOKEN_HINT),
+        ("cache after A = 0..9", cached_a, a[:3], 4, None, SHORT_PROMPT_HINT),
+        ("empty cache", {}, a, 4, None, EMPTY_CACHE_HINT),
+        ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, None, NO_SALT_HINT),
+        ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, "acme", SAME_SALT_HINT),
         ("cache after A = 0..9 with cache_salt='acme'", salted, a, 4, "globex",
-         "a different salt changes every hash: nothing found"),
+         OTHER_SALT_HINT),
         ("cache with only A's SECOND block (the first was evicted)", {second: 2}, a, 4, None,
-         stop),
-        ("cache with only A's first block", {first: 1}, a, 4, None, stop),
+         STOP_HINT),
+        ("cache with only A's first block", {first: 1}, a, 4, None, STOP_HINT),
         ("cache after a chat with a 1,000-token system prompt", cached_system,
          [*system, 7, 7, 7], 16, None, "the whole system prompt was cached by the first chat"),
     ]
@@ -594,21 +755,49 @@ def _lookup_case(label: str, cache: dict[BlockHash, int], tokens: list[int], siz
     )
 
 
+LOOKUP_KINDS = {
+    "whole": "the whole prompt was cached by the first chat",
+    "full blocks": LAST_TOKEN_HINT,
+    "leaves A": "only the blocks the prompt shares with A, from the first on, can be found",
+    "gap": STOP_HINT,
+    "same salt": SAME_SALT_HINT,
+    "other salt": NO_SALT_HINT,
+    "short": SHORT_PROMPT_HINT,
+    "empty": EMPTY_CACHE_HINT,
+}
+"""Each kind of fixed lookup case, drawn fresh, with its hint."""
+
+
+def _drawn_lookup(rng: random.Random, kind: str) -> Case:
+    """A lookup case of ``kind`` (see ``LOOKUP_KINDS``): a cache after another prompt and A
+    (A's last block partly filled), and a prompt made from A."""
+    size = 16 if kind == "whole" else rng.choice([2, 4, 8])
+    salt = f"tenant-{rng.randrange(1000)}" if "salt" in kind else None
+    a = _prompt(_partly_filled(rng, size, (10, 70) if kind == "whole" else (2, 5)),
+                rng.randrange(10**6))
+    other = _prompt(rng.randint(0, 4 * size), rng.randrange(10**6))
+    cache = {} if kind == "empty" else _cached_after(size, [(other, salt), (a, salt)])
+    query, asked, full = a, salt, len(a) // size
+    if kind == "full blocks":
+        query = a[:full * size]
+    elif kind == "leaves A":
+        query = a[:rng.randint(0, len(a) - 1)] + _prompt(rng.randint(1, 2 * size),
+                                                         rng.randrange(10**6))
+    elif kind == "gap":  # a block evicted before the last one the prompt could use
+        del cache[block_hashes(a, size, cache_salt=salt)[rng.randrange(full - 1)]]
+    elif kind == "other salt":
+        asked = rng.choice([None, f"tenant-{rng.randrange(1000, 2000)}"])
+    elif kind == "short":
+        query = a[:rng.randint(1, size - 1)]
+    label = ("empty cache" if kind == "empty" else
+             f"seeded cache after prompts of {len(other)} and {len(a)} tokens (A)"
+             + _salt_text(salt) + (", one of A's blocks evicted" if kind == "gap" else ""))
+    return _lookup_case(label, cache, query, size, asked, LOOKUP_KINDS[kind])
+
+
 def _lookup_fresh(seed: int) -> list[Case]:
     rng = random.Random(seed)
-    cases = []
-    for index in range(3):
-        size, salt = rng.choice([2, 4, 8]), rng.choice([None, "acme"])
-        prompts = [_prompt(rng.randint(size, 6 * size), rng.randrange(10**6)) for _ in range(2)]
-        cache = _cached_after(size, [(prompt, salt) for prompt in prompts])
-        query = prompts[0][:rng.randint(0, len(prompts[0]))] + _prompt(rng.randint(0, 2 * size),
-                                                                       rng.randrange(10**6))
-        label = (f"seeded cache {index + 1}: prompts of {len(prompts[0])} and "
-                 f"{len(prompts[1])} tokens, salt {salt!r}")
-        cases.append(_lookup_case(label, cache, query, size, rng.choice([salt, salt, None]),
-                                  "the longest run of cached blocks from the start, short of "
-                                  "the block that holds the last prompt token"))
-    return cases
+    return [_drawn_lookup(rng, kind) for kind in LOOKUP_KINDS]
 
 
 # --- 04.free_queue ------------------------------------------------------------------------
@@ -702,7 +891,8 @@ def _queue_text(num_blocks: int, script: Sequence[QueueOp]) -> str:
 
 
 def _random_script(seed: int, num_blocks: int, steps: int) -> list[QueueOp]:
-    """A seeded mix of allocations, frees (half with an uncached tail) and cache hits."""
+    """A seeded mix of allocations (now and then past the last free block), frees (half
+    with an uncached tail) and cache hits."""
     rng = random.Random(seed)
     library, tables = _LibraryQueue(num_blocks), {}
     live: dict[str, list[Any]] = {}  # hash names of each live sequence's blocks
@@ -719,13 +909,11 @@ def _random_script(seed: int, num_blocks: int, steps: int) -> list[QueueOp]:
             freed += [name for name in hashes if name is not None]
         elif freed and roll < 0.65:
             op = ("hit", seq, rng.choice(freed))
-        elif library.pool.num_free:
-            op = ("alloc", seq, rng.randint(1, min(3, library.pool.num_free)))
-        else:
-            continue
+        else:  # at times one block more than is free: it must raise OutOfBlocks
+            op = ("alloc", seq, rng.randint(1, min(3, library.pool.num_free + 1)))
         found = list(_play(library, [op], tables).values())
-        if op[0] == "alloc":
-            live[seq] = [f"{seq}.{i}" for i in range(op[2])]
+        if op[0] == "alloc" and tables[seq]:
+            live[seq] = [f"{seq}.{i}" for i in range(len(tables[seq]))]
         elif op[0] == "hit" and found[0] is not None:
             live[seq] = [op[2]]
         script.append(op)
@@ -837,10 +1025,11 @@ RANDOM_QUEUE_HINT = ("compare your queue with the rules one by one: front or bac
                      "head, hits leave the queue, evicted hashes are forgotten")
 
 
-def _random_queue_case(seed: int) -> Case:
-    script = _random_script(seed, 9, 60)
-    return _queue_case(9, script, f"q = cls(9); a seeded mix of {len(script)} allocations, "
-                       f"frees and hits (seed {seed})", RANDOM_QUEUE_HINT)
+def _random_queue_case(seed: int, num_blocks: int = 9) -> Case:
+    script = _random_script(seed, num_blocks, 60)
+    return _queue_case(num_blocks, script, f"q = cls({num_blocks}); a seeded mix of "
+                       f"{len(script)} allocations, frees and hits (seed {seed})",
+                       RANDOM_QUEUE_HINT)
 
 
 def _queue_cases() -> list[Case]:
@@ -849,8 +1038,24 @@ def _queue_cases() -> list[Case]:
     return cases + [_random_queue_case(seed) for seed in (1, 2)]
 
 
+def _tells_every_slip(seed: int, num_blocks: int) -> bool:
+    """Whether the seeded mix runs out of blocks and tells every known slip from the rules."""
+    script = _random_script(seed, num_blocks, 60)
+    expected = _play(_LibraryQueue(num_blocks), script)
+    slips = _slips(lambda slip: _play(_QueueSlip(num_blocks, slip), script), QUEUE_SLIPS)
+    return "OutOfBlocks" in expected.values() and all(found != expected for found, _ in slips)
+
+
 def _queue_fresh(seed: int) -> list[Case]:
-    return [_random_queue_case(random.Random(seed).randrange(3, 10**6))]
+    """Four seeded mixes, each drawn until it runs out of blocks and tells every known slip
+    from the rules, so each behaviour the fixed scripts probe is probed again."""
+    rng = random.Random(seed)
+    drawn: list[tuple[int, int]] = []
+    while len(drawn) < 4:
+        mix, num_blocks = rng.randrange(3, 10**6), rng.randint(6, 12)
+        if _tells_every_slip(mix, num_blocks):
+            drawn.append((mix, num_blocks))
+    return [_random_queue_case(*pair) for pair in drawn]
 
 
 # --- 04.system_prompt_blocks --------------------------------------------------------------
@@ -885,29 +1090,44 @@ def _system_prompt_case(prompt: int, chats: int, size: int, hint: str) -> Case:
     )
 
 
+PROMPT_HINT = ("count what one chat holds, then which of those blocks a later chat can take "
+               "from the cache instead of holding its own")
+ONE_CHAT_HINT = "one chat shares with nobody: it holds all its blocks"
+SHORT_SYSTEM_HINT = "a prompt shorter than a block has no full block to share"
+ONE_BLOCK_HINT = "one full block that holds the last prompt token: the rule of exercise 4"
+
+
 def _system_prompt_cases() -> list[Case]:
-    hint = ("count what one chat holds, then which of those blocks a later chat can take from "
-            "the cache instead of holding its own")
     inputs = [
-        (1000, 50, 16, hint),
+        (1000, 50, 16, PROMPT_HINT),
         (1000, 50, 128, "bigger blocks: only full blocks are cached"),
-        (1000, 1, 16, "one chat shares with nobody: it holds all its blocks"),
-        (10, 5, 16, "a prompt shorter than a block has no full block to share"),
+        (1000, 1, 16, ONE_CHAT_HINT),
+        (10, 5, 16, SHORT_SYSTEM_HINT),
         (1024, 50, 16,
          "1,024 tokens fill 64 blocks exactly, but a later chat must compute its last prompt "
          "token (the rule of exercise 4)"),
-        (16, 3, 16, "one full block that holds the last prompt token: the rule of exercise 4"),
-        (33, 4, 16, hint),
+        (16, 3, 16, ONE_BLOCK_HINT),
+        (33, 4, 16, PROMPT_HINT),
     ]
     return [_system_prompt_case(*entry) for entry in inputs]
 
 
 def _system_prompt_fresh(seed: int) -> list[Case]:
+    """Every kind of fixed case, drawn: a prompt with a partly filled last block, one that
+    fills its blocks exactly, one shorter than a block, exactly one block, and one chat."""
     rng = random.Random(seed)
-    return [_system_prompt_case(rng.choice([rng.randint(1, 4000), size * rng.randint(1, 100)]),
-                                rng.randint(1, 80), size, "count what one chat holds, then "
-                                "which of those blocks a later chat takes from the cache")
-            for size in (rng.choice([8, 16, 32, 128]) for _ in range(3))]
+    sizes = [rng.choice([8, 16, 32, 128]) for _ in range(5)]
+    chats = [rng.randint(2, 80) for _ in range(4)]
+    inputs = [
+        (_partly_filled(rng, sizes[0], (1, 60)), chats[0], sizes[0], PROMPT_HINT),
+        (rng.randint(2, 60) * sizes[1], chats[1], sizes[1],
+         "the prompt fills its blocks exactly, but a later chat must compute its last prompt "
+         "token (the rule of exercise 4)"),
+        (rng.randint(1, sizes[2] - 1), chats[2], sizes[2], SHORT_SYSTEM_HINT),
+        (sizes[3], chats[3], sizes[3], ONE_BLOCK_HINT),
+        (rng.randint(1, 4000), 1, sizes[4], ONE_CHAT_HINT),
+    ]
+    return [_system_prompt_case(*entry) for entry in inputs]
 
 
 EXERCISES = (

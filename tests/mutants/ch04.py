@@ -6,12 +6,27 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from course_lib.grading.ch04 import _library_append as library_append
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks
 from course_lib.prefix_cache import block_hashes, hash_block_tokens
 from course_lib.sharing import system_prompt_sharing
 from tests.mutants import Mutant, Right
+
+
+def library_fork(pool: BlockPool, table: list[int]) -> list[int]:
+    """What ``PagedKVManager.fork`` does to one table."""
+    for block in table:
+        pool.share(block)
+    return list(table)
+
+
+def library_append(pool: BlockPool, table: list[int], length: int) -> int:
+    """What ``PagedKVManager.append_tokens`` does for one token."""
+    if length % pool.block_size == 0:
+        table.append(pool.allocate())
+    elif pool.ref_count(table[-1]) > 1:
+        table[-1] = pool.copy_on_write(table[-1])
+    return length + 1
 
 
 def library_lookup(
@@ -351,12 +366,50 @@ def system_prompt_without_sharing_once(
         prompt_tokens, block_size)
 
 
+def fork_assuming_a_block(pool: BlockPool, table: list[int]) -> list[int]:
+    child = [table[0], *table[1:]]  # an empty table has no first block
+    for block in child:
+        pool.share(block)
+    return child
+
+
+def append_forgetting_the_first_block(pool: BlockPool, table: list[int], length: int) -> int:
+    if table and length % pool.block_size == 0:
+        table.append(pool.allocate())
+    elif table and pool.ref_count(table[-1]) > 1:
+        table[-1] = pool.copy_on_write(table[-1])
+    return length + 1
+
+
+def hashes_missing_the_last_full_block(token_ids, block_size, cache_salt=None):  # type: ignore[no-untyped-def]
+    hashes: list = []
+    for i in range(0, len(token_ids) - block_size, block_size):  # one block short when exact
+        keys = [cache_salt] if i == 0 and cache_salt is not None else []
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
+                                        token_ids[i:i + block_size], keys))
+    return hashes
+
+
+class EmptyQueueRaisingKeyError(ReferenceQueue):
+    def allocate(self) -> int:
+        block, _ = self.queue.popitem(last=False)  # KeyError once every block is out
+        evicted = self.hash_of.pop(block, None)
+        if evicted is not None:
+            del self.block_of[evicted]
+        self.holders[block] = 1
+        return block
+
+
 MUTANTS = [
     Mutant("04.fork", "without sharing", fork_without_sharing, "one more reader"),
     Mutant("04.fork", "returning the parent", fork_returning_the_parent, "a list of its own"),
     Mutant("04.fork", "copying every block", fork_copying_every_block, "stores nothing new"),
     Mutant("04.fork", "missing the last block", fork_missing_the_last_block,
            "its last (partly filled) block too"),
+    Mutant("04.fork", "assuming a block", fork_assuming_a_block,
+           "an empty table forks into an empty table"),
+    Mutant("04.append_token", "forgetting the first block", append_forgetting_the_first_block,
+           "its first token needs a fresh one"),
     Mutant("04.append_token", "without copy-on-write", append_without_copy_on_write,
            "copy it before writing"),
     Mutant("04.append_token", "copying full blocks too", append_copying_full_blocks_too,
@@ -373,6 +426,8 @@ MUTANTS = [
            "only full blocks are hashed"),
     Mutant("04.block_hashes", "ignoring the salt", hashes_ignoring_the_salt,
            "the salt must change every hash"),
+    Mutant("04.block_hashes", "missing the last full block", hashes_missing_the_last_full_block,
+           "both get a hash"),
     Mutant("04.longest_cached_prefix", "not stopping at a miss", lookup_not_stopping_at_a_miss,
            "stop at the first miss"),
     Mutant("04.longest_cached_prefix", "every full block", lookup_using_every_full_block,
@@ -392,6 +447,8 @@ MUTANTS = [
            "takes its block back out of the queue"),
     Mutant("04.free_queue", "holders not counted", HoldersNotCounted,
            "free again only when both are done"),
+    Mutant("04.free_queue", "an empty queue raising KeyError", EmptyQueueRaisingKeyError,
+           "the third allocate raises OutOfBlocks"),
     Mutant("04.system_prompt_blocks", "sharing every full block",
            system_prompt_sharing_every_full_block, "the block that holds it is never shared"),
     Mutant("04.system_prompt_blocks", "forgetting the shared blocks",
