@@ -6,6 +6,8 @@ rules agree."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,7 +24,14 @@ from course_lib.grading.ch05 import (
     resume_seconds,
 )
 from course_lib.grading.ch05_step import SCHEDULER_STEP
-from course_lib.grading.check import CheckResult, evaluate, first_failure, strict_equal
+from course_lib.grading.check import (
+    Case,
+    CheckResult,
+    Raises,
+    evaluate,
+    first_failure,
+    strict_equal,
+)
 from course_lib.scheduler import Scheduler, SchedulerConfig, SwapSpace
 from course_lib.workload import Request
 from tests.mutants.ch05 import MUTANTS, admitting, victim
@@ -152,3 +161,24 @@ def test_a_priority_victim_with_a_reversed_tie_passes_no_exact_tie_case_by_luck(
                                      or "Request(11" in call or "Request(14" in call
                                      for call in failing)
 
+
+
+def kinds(cases: Sequence[Case]) -> set[tuple[str, bool]]:
+    """The kinds of cases: each one's hint with its numbers blanked, and whether it must
+    raise."""
+    return {(re.sub(r"\d+", "N", case.hint), isinstance(case.expected, Raises))
+            for case in cases}
+
+
+@pytest.mark.parametrize("name", [e.name for e in chapter_exercises("05")])
+def test_fresh_cases_hold_every_kind_of_fixed_case(name: str) -> None:
+    """The grader scores fresh cases only: each seed's draw holds a case of every kind the
+    fixed cases hold (each mistake's hint, each impossible input), on values of its own (an
+    empty list, which has none, aside)."""
+    exercise = find_exercise(name)
+    assert exercise.fresh is not None
+    for seed in (0, 1, 2):
+        fresh = exercise.fresh(seed)
+        assert kinds(exercise.cases()) <= kinds(fresh), seed
+        shared = {case.call for case in fresh} & {case.call for case in exercise.cases()}
+        assert all("=[]" in call for call in shared), shared

@@ -5,6 +5,7 @@ rules the simulator's states never exercise are caught on hand-made states."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -113,6 +114,28 @@ def test_the_seeded_traces_preempt_and_the_edge_cases_bind() -> None:
                    for _, _, out in cases[label]), label
     assert any(out["preempted"] and any(fits(w, out) for w in out["waiting"])
                for _, _, out in cases["preemption with a small request waiting"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_drawn_edge_cases_bind_as_the_fixed_ones_do(seed: int) -> None:
+    """The fresh draw's edge traces make the situation their fixed twins are built for."""
+    rng = random.Random(seed)
+    seats, budget, filled, behind = (ch05_step._seats_replay(rng), ch05_step._budget_replay(rng),
+                                     ch05_step._filled_replay(rng),
+                                     ch05_step._small_behind_replay(rng))
+    first = simulator_steps(seats)[0][2]
+    assert len(first["running"]) == seats.max_num_seqs and first["waiting"]
+    (_, before, out), (_, _, then) = simulator_steps(budget)[:2]
+    charged = sum(w["length"] + 1 for w in before["waiting"] if w["id"] in out["admitted"])
+    assert charged == budget.max_num_batched_tokens and not then["admitted"]
+    assert len(then["running"]) + then["waiting"][0]["length"] + 1 == charged + 1
+    steps = simulator_steps(filled)
+    assert steps[0][2]["free_blocks"] == 0 and not steps[0][2]["waiting"]
+    assert steps[1][2]["preempted"]
+    assert any(out["preempted"] and out["waiting"][-1]["length"] // 4 + 1 <= out["free_blocks"]
+               for _, _, out in simulator_steps(behind))
+    assert {case.call for case in SCHEDULER_STEP.fresh(seed)}.isdisjoint(
+        case.call for case in SCHEDULER_STEP.cases())
 
 
 @st.composite

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from course_lib.grading.check import (
     Case,
     CaseResult,
     CheckResult,
+    Raises,
     evaluate,
     judge,
     observe,
@@ -221,6 +224,26 @@ def test_fresh_cases_are_seeded_and_a_correct_answer_passes_them(name: str) -> N
                for s in (3, 4, 5))
     for case in exercise.fresh(2):
         assert judge(case, observe(case, CORRECT[name])).passed, case.call
+
+
+def kinds(cases: Sequence[Case]) -> set[tuple[str, str, bool]]:
+    """The kinds of cases: each one's hint with its numbers blanked, the mistake a tensor
+    case alone is built to show, and whether it must raise."""
+    return {(re.sub(r"\d+", "N", case.hint),
+             getattr(getattr(case.expected, "explain", None), "targeted", ""),
+             isinstance(case.expected, Raises)) for case in cases}
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_fresh_cases_hold_every_kind_of_fixed_case(name: str) -> None:
+    """The grader scores fresh cases only: each seed's draw holds a case of every kind the
+    fixed cases hold (each mistake's hint, each targeted mistake, each impossible input)."""
+    exercise = find_exercise(name)
+    assert exercise.fresh is not None
+    for seed in (0, 1):
+        fresh = exercise.fresh(seed)
+        assert kinds(exercise.cases()) <= kinds(fresh), seed
+        assert {case.call for case in fresh}.isdisjoint(case.call for case in exercise.cases())
 
 
 def test_stubs_are_not_yet_solved() -> None:

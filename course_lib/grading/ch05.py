@@ -143,6 +143,13 @@ def _admit_case(args: AdmitArgs, hint: str) -> Case:
                  lambda fn, a=args: fn(list(a[0]), *a[1:]), admitted_count(*args), hint)
 
 
+def _bad_admit_case(waiting: list[int], free: int, size: int, what: str) -> Case:
+    """A call with one impossible argument, ``what``, which must raise ValueError."""
+    return _case(f"fn(waiting={waiting}, free_blocks={free}, block_size={size}, num_running=0, "
+                 f"step_tokens=0)  # {what}", lambda fn: fn(list(waiting), free, size, 0, 0),
+                 Raises(ValueError), BAD_INPUT)
+
+
 def _admit_cases() -> list[Case]:
     settings: list[tuple[AdmitArgs, str]] = [
         (([100, 200, 50], 20, 16, 0, 0, None, None), ADMIT_BLOCKS),
@@ -158,29 +165,54 @@ def _admit_cases() -> list[Case]:
         (([100, 7, 300, 5], 9, 16, 3, 3, 5, 120), ADMIT_BUDGET),
         (([], 5, 16, 0, 0, None, None), ADMIT_BLOCKS),
     ]
-    cases = [_admit_case(args, hint) for args, hint in settings]
-    for args, what in ((([10], 4, 0, 0, 0), "block_size=0"),
-                       (([10], -1, 16, 0, 0), "free_blocks=-1"),
-                       (([10, 0], 4, 16, 0, 0), "a waiting length of 0")):
-        cases.append(_case(f"fn(waiting={args[0]}, free_blocks={args[1]}, block_size={args[2]}, "
-                           f"num_running=0, step_tokens=0)  # {what}",
-                           lambda fn, args=args: fn(*args), Raises(ValueError), BAD_INPUT))
-    return cases
+    return [*(_admit_case(args, hint) for args, hint in settings),
+            _bad_admit_case([10], 4, 0, "block_size=0"),
+            _bad_admit_case([10], -1, 16, "free_blocks=-1"),
+            _bad_admit_case([10, 0], 4, 16, "a waiting length of 0")]
 
 
 def _admit_fresh(seed: int) -> list[Case]:
-    """A queue under each kind of limit, drawn from ``seed``."""
+    """Every kind of queue the fixed cases hold, drawn from ``seed``: admissions sharing the
+    free blocks, lengths at a block's end, a head that does not fit, max_num_seqs binding,
+    the token budget met exactly and missed by one, all limits at once, an empty queue and
+    each impossible input."""
     rng = random.Random(seed)
-    cases = []
-    for hint in (ADMIT_BLOCKS, ADMIT_SEATS, ADMIT_BUDGET):
-        waiting = [rng.randint(1, 120) for _ in range(rng.randint(2, 6))]
-        running = rng.randint(0, 8)
-        seats = running + rng.randint(1, 4) if hint == ADMIT_SEATS else None
-        budget = running + rng.randint(20, 300) if hint == ADMIT_BUDGET else None
-        free = rng.randint(1, 30) if hint == ADMIT_BLOCKS else 1000
-        cases.append(_admit_case((waiting, free, rng.choice([4, 8, 16]), running, running,
-                                  seats, budget), hint))
-    return cases
+    size, running = rng.choice([4, 8, 16]), rng.randint(0, 8)
+
+    def need(length: int) -> int:
+        return length // size + 1
+
+    def case(waiting: list[int], free: int, seats: int | None, budget: int | None,
+             hint: str) -> Case:
+        return _admit_case((waiting, free, size, running, running, seats, budget), hint)
+
+    shared = [rng.randint(1, 6 * size) for _ in range(rng.randint(2, 4))]
+    free = sum(map(need, shared))  # all of them, and one more that would fit alone
+    shared.append(rng.randint(1, free * size - 1))
+    ends = [size * rng.randint(1, 4) - 1, size * rng.randint(1, 4)]  # fills, then opens a block
+    head, small = rng.randint(4 * size, 8 * size), rng.randint(1, size - 1)
+    seats = rng.randint(1, 3)
+    prompt = rng.randint(1, 300)
+    limits = [rng.randint(1, 200) for _ in range(rng.randint(3, 6))]
+    bad_size = rng.choice([0, -rng.randint(1, 16)])
+    bad_lengths = [rng.randint(1, 50) for _ in range(rng.randint(1, 3))]
+    bad_lengths.insert(rng.randint(0, len(bad_lengths)), rng.choice([0, -rng.randint(1, 9)]))
+    return [
+        case(shared, free, None, None, ADMIT_BLOCKS),
+        case(ends, need(ends[0]) + need(ends[1]) - 1, None, None, ADMIT_BLOCKS),
+        case([head, small], rng.randint(need(small), need(head) - 1), None, None, ADMIT_ORDER),
+        case([rng.randint(1, 50) for _ in range(seats + rng.randint(1, 3))], 1000,
+             running + seats, None, ADMIT_SEATS),
+        case([prompt, 1], 1000, None, running + prompt + 1, ADMIT_BUDGET),  # met exactly
+        case([prompt, 1], 1000, None, running + prompt, ADMIT_BUDGET),  # missed by one
+        case(limits, rng.randint(5, 40), running + rng.randint(1, 5),
+             running + rng.randint(20, 600), ADMIT_BUDGET),
+        case([], rng.randint(0, 20), None, None, ADMIT_BLOCKS),
+        _bad_admit_case([rng.randint(1, 50)], rng.randint(1, 20), bad_size,
+                        f"block_size={bad_size}"),
+        _bad_admit_case([rng.randint(1, 50)], -rng.randint(1, 20), size, "a negative free_blocks"),
+        _bad_admit_case(bad_lengths, rng.randint(1, 20), size, "a waiting length below 1"),
+    ]
 
 
 # --- exercise 2: vLLM's priority victim ---------------------------------------------------------
@@ -230,16 +262,31 @@ def _victim_cases() -> list[Case]:
 
 
 def _victim_fresh(seed: int) -> list[Case]:
-    """Running lists with few priorities and arrivals, so that ties are common."""
+    """Each kind of running list the fixed cases hold, drawn from ``seed``: the least
+    important request not last, a latest arrival among equally important ones that is
+    neither first nor last of them, an exact tie, one request, and nobody."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(3):
-        ids = rng.sample(range(100), rng.randint(2, 6))
-        running = [Request(i, 10, 10, arrival=rng.randint(0, 3), priority=rng.randint(0, 2))
-                   for i in ids]
-        cases.append(_victim_case(running, f"{VICTIM_IMPORTANCE}; {VICTIM_ARRIVAL}; "
-                                           f"{VICTIM_TIE}"))
-    return cases
+    ids = iter(rng.sample(range(100), 20))
+
+    def req(arrival: int, priority: int) -> Request:
+        return Request(next(ids), 10, 10, arrival=arrival, priority=priority)
+
+    least = [req(rng.randint(0, 9), p) for p in rng.sample(range(-2, 6), rng.randint(3, 5))]
+    worst = max(range(len(least)), key=lambda i: least[i].priority)
+    if worst == len(least) - 1:  # not where fcfs would look
+        least.insert(0, least.pop())
+    top = rng.randint(1, 3)
+    arrivals = sorted(rng.sample(range(10), rng.randint(3, 4)))
+    late = [req(a, top) for a in [*arrivals[1:], arrivals[0]]]  # latest: neither end
+    late.insert(rng.randint(0, len(late)), req(rng.randint(0, 9), top - 1))
+    key = (rng.randint(0, 3), rng.randint(3, 9))
+    tie = [req(*key[::-1]) for _ in range(rng.randint(2, 3))]
+    tie += [req(rng.randint(0, key[1] - 1), key[0]), req(rng.randint(0, 9), key[0] - 1)]
+    rng.shuffle(tie)
+    return [_victim_case(least, VICTIM_IMPORTANCE), _victim_case(late, VICTIM_ARRIVAL),
+            _victim_case(tie, VICTIM_TIE),
+            _victim_case([req(rng.randint(0, 9), rng.randint(-2, 5))], VICTIM_IMPORTANCE),
+            _case("fn(running=[])", lambda fn: fn([]), Raises(ValueError), VICTIM_EMPTY)]
 
 
 # --- exercise 3: how many tokens does a resumed request recompute? ------------------------------
@@ -263,6 +310,12 @@ def _recompute_case(p: int, g: int, c: int, b: int, hint: str) -> Case:
                  lambda fn: fn(p, g, c, b), recomputed(p, g, c, b), hint)
 
 
+def _bad_recompute_case(bad: tuple[int, int, int, int]) -> Case:
+    """A call with one impossible argument, which must raise ValueError."""
+    return _case("fn(prompt_len={}, generated={}, cached_blocks={}, block_size={})".format(*bad),
+                 lambda fn: fn(*bad), Raises(ValueError), BAD_INPUT)
+
+
 def _recompute_cases() -> list[Case]:
     settings = [
         (886, 0, 0, 16, RECOMPUTE_ALL), (886, 14, 0, 16, RECOMPUTE_ALL),
@@ -272,23 +325,32 @@ def _recompute_cases() -> list[Case]:
         (1000, 1, 62, 16, RECOMPUTE_CACHE), (1000, 1, 7, 128, RECOMPUTE_CACHE),
         (16, 0, 1, 16, RECOMPUTE_CACHE), (1, 0, 4, 1, RECOMPUTE_CACHE),
     ]
-    cases = [_recompute_case(*setting) for setting in settings]
-    for bad in ((100, 5, 2, 0), (0, 5, 2, 16), (100, -1, 2, 16), (100, 5, -1, 16)):
-        cases.append(_case("fn(prompt_len={}, generated={}, cached_blocks={}, block_size={})"
-                           .format(*bad), lambda fn, bad=bad: fn(*bad), Raises(ValueError),
-                           BAD_INPUT))
-    return cases
+    return [*(_recompute_case(*setting) for setting in settings),
+            *map(_bad_recompute_case, ((100, 5, 2, 0), (0, 5, 2, 16), (100, -1, 2, 16),
+                                       (100, 5, -1, 16)))]
 
 
 def _recompute_fresh(seed: int) -> list[Case]:
-    """A request with part of it cached, and one whose cache holds all of it."""
+    """Each kind of request the fixed cases hold, drawn from ``seed``: nothing cached, part
+    of it cached, a cache holding all of it at a block's end and one token past it, blocks
+    of one token, and each impossible argument."""
     rng = random.Random(seed)
-    block = rng.choice([4, 8, 16])
-    p, g = rng.randint(1, 300), rng.randint(0, 40)
-    full = (p + g) // block
-    return [_recompute_case(p, g, rng.randint(0, max(full - 1, 0)), block, RECOMPUTE_ALL),
-            _recompute_case(block * rng.randint(1, 20), 0, rng.randint(20, 40), block,
-                            RECOMPUTE_CACHE)]
+    block, g = rng.choice([4, 8, 16, 32]), rng.randint(1, 40)
+    full = g // block + rng.randint(1, 40)  # blocks of a request that ends at a block's end
+    p = rng.randint(2 * block, 40 * block)
+    at_end, past = block * full - g, block * full + 1 - g  # prompts: at the end, one past it
+    good = (rng.randint(1, 9), rng.randint(0, 9), rng.randint(0, 9), block)
+    return [
+        _recompute_case(p, g, 0, block, RECOMPUTE_ALL),
+        _recompute_case(p, g, rng.randint(1, (p + g - 1) // block - 1), block, RECOMPUTE_ALL),
+        _recompute_case(at_end, g, full + rng.randint(0, 5), block, RECOMPUTE_CACHE),
+        _recompute_case(past, g, full + rng.randint(0, 5), block, RECOMPUTE_CACHE),
+        _recompute_case(rng.randint(1, 50), g, 50 + g + rng.randint(0, 9), 1, RECOMPUTE_CACHE),
+        _bad_recompute_case((*good[:3], rng.choice([0, -rng.randint(1, 16)]))),
+        _bad_recompute_case((rng.choice([0, -rng.randint(1, 99)]), *good[1:])),
+        _bad_recompute_case((good[0], -rng.randint(1, 9), *good[2:])),
+        _bad_recompute_case((*good[:2], -rng.randint(1, 9), block)),
+    ]
 
 
 # --- exercise 4: swap space --------------------------------------------------------------------
@@ -319,11 +381,20 @@ def _describe_ops(capacity: int, ops: Sequence[tuple[Any, ...]]) -> str:
     return "; ".join([f"s = cls({capacity})", *(_call_text(op, args) for op, *args in ops)])
 
 
+SWAP_FITS = "a request that fits is kept, and the space in use says so"
 SWAP_WHOLE = ("a request is kept whole or not at all: swap_out returns False and keeps nothing "
               "when it does not fit (the caller recomputes it instead)")
 SWAP_EDGE = "a request that needs exactly the space left fits"
 SWAP_RELEASE = "what comes back in (swap_in) no longer occupies the CPU side"
+SWAP_NONE = "no swap space, no swapping"
+SWAP_AGAIN = "a request swapped back in may be swapped out again later"
+SWAP_NOT_OUT = "only a request that is out can come back in: raise ValueError"
 SWAP_TWICE = "a request cannot be out twice: raise ValueError"
+SWAP_IN_TWICE = "once back in, the request is no longer out: raise ValueError"
+
+SwapScript = tuple[int, list[tuple[Any, ...]], str]
+"""``(capacity, ops, hint)``: a swap space's size, the calls made on it, the mistake they
+catch."""
 
 
 def _swap_case(capacity: int, ops: Sequence[tuple[Any, ...]], hint: str) -> Case:
@@ -336,29 +407,53 @@ def _swap_case(capacity: int, ops: Sequence[tuple[Any, ...]], hint: str) -> Case
 
 
 def _swap_cases() -> list[Case]:
-    scripts: list[tuple[int, list[tuple[Any, ...]], str]] = [
-        (10, [("used",), ("swap_out", 1, 4), ("used",), ("holds", 1), ("holds", 2)],
-         "a request that fits is kept, and the space in use says so"),
+    scripts: list[SwapScript] = [
+        (10, [("used",), ("swap_out", 1, 4), ("used",), ("holds", 1), ("holds", 2)], SWAP_FITS),
         (10, [("swap_out", 1, 4), ("swap_out", 2, 8), ("holds", 2), ("used",)], SWAP_WHOLE),
         (10, [("swap_out", 1, 4), ("swap_out", 3, 6), ("used",), ("swap_out", 4, 1),
               ("holds", 4)], f"{SWAP_EDGE}; {SWAP_WHOLE}"),
         (10, [("swap_out", 1, 7), ("swap_in", 1), ("used",), ("swap_out", 2, 10), ("used",),
               ("holds", 1)], SWAP_RELEASE),
-        (0, [("swap_out", 1, 1), ("used",)], "no swap space, no swapping"),
-        (5, [("swap_out", 1, 5), ("swap_in", 1), ("swap_out", 1, 2), ("used",)],
-         "a request swapped back in may be swapped out again later"),
-        (10, [("swap_in", 3)], "only a request that is out can come back in: raise ValueError"),
+        (0, [("swap_out", 1, 1), ("used",)], SWAP_NONE),
+        (5, [("swap_out", 1, 5), ("swap_in", 1), ("swap_out", 1, 2), ("used",)], SWAP_AGAIN),
+        (10, [("swap_in", 3)], SWAP_NOT_OUT),
         (10, [("swap_out", 1, 2), ("swap_out", 1, 2)], SWAP_TWICE),
-        (10, [("swap_out", 1, 2), ("swap_in", 1), ("swap_in", 1)],
-         "once back in, the request is no longer out: raise ValueError"),
+        (10, [("swap_out", 1, 2), ("swap_in", 1), ("swap_in", 1)], SWAP_IN_TWICE),
     ]
     return [_swap_case(*script) for script in scripts]
 
 
+def _drawn_scripts(rng: random.Random) -> list[SwapScript]:
+    """One script of each kind the fixed cases hold, on sizes and requests from ``rng``."""
+    capacity = rng.randint(4, 20)
+    a, b, c, d = rng.sample(range(100), 4)
+    x = rng.randint(1, capacity - 1)  # fits, with room to spare
+    y = rng.randint(capacity - x + 1, capacity)  # fits alone, not beside x
+    return [
+        (capacity, [("used",), ("swap_out", a, x), ("used",), ("holds", a), ("holds", b)],
+         SWAP_FITS),
+        (capacity, [("swap_out", a, x), ("swap_out", b, y), ("holds", b), ("used",)],
+         SWAP_WHOLE),
+        (capacity, [("swap_out", a, x), ("swap_out", c, capacity - x), ("used",),
+                    ("swap_out", d, rng.randint(1, 3)), ("holds", d)],
+         f"{SWAP_EDGE}; {SWAP_WHOLE}"),
+        (capacity, [("swap_out", a, y), ("swap_in", a), ("used",), ("swap_out", b, capacity),
+                    ("used",), ("holds", a)], SWAP_RELEASE),
+        (0, [("swap_out", a, y), ("used",)], SWAP_NONE),
+        (y, [("swap_out", a, y), ("swap_in", a), ("swap_out", a, rng.randint(1, y)), ("used",)],
+         SWAP_AGAIN),
+        (capacity, [("swap_in", c)], SWAP_NOT_OUT),
+        (capacity, [("swap_out", a, x), ("swap_out", a, rng.randint(1, capacity))], SWAP_TWICE),
+        (capacity, [("swap_out", a, x), ("swap_in", a), ("swap_in", a)], SWAP_IN_TWICE),
+    ]
+
+
 def _swap_fresh(seed: int) -> list[Case]:
-    """A random script of swaps out and in that never breaks the rules (a request comes back
-    in only while the library's swap space holds it)."""
+    """Each kind of fixed script on sizes and requests drawn from ``seed``, and a random
+    script of swaps out and in that never breaks the rules (a request comes back in only
+    while the library's swap space holds it)."""
     rng = random.Random(seed)
+    scripts = _drawn_scripts(rng)
     capacity = rng.randint(4, 20)
     space, ops = SwapSpace(capacity), []
     for request in rng.sample(range(50), 8):
@@ -370,7 +465,8 @@ def _swap_fresh(seed: int) -> list[Case]:
         blocks = rng.randint(1, capacity)
         space.swap_out(request, blocks)
         ops += [("swap_out", request, blocks), ("holds", request), ("used",)]
-    return [_swap_case(capacity, ops, f"{SWAP_WHOLE}; {SWAP_EDGE}; {SWAP_RELEASE}")]
+    scripts.append((capacity, ops, f"{SWAP_WHOLE}; {SWAP_EDGE}; {SWAP_RELEASE}"))
+    return [_swap_case(*script) for script in scripts]
 
 
 # --- exercise 5: the cost of coming back, with the prefix cache ---------------------------------
@@ -432,14 +528,35 @@ def _resume_cases() -> list[Case]:
     return [_resume_case(*setting) for setting in settings]
 
 
+def _drawn_costs(rng: random.Random) -> CostModel:
+    """A cost model whose every term is drawn from ``rng`` (three significant digits, so the
+    call shows it exactly)."""
+    def draw(low: float, high: float) -> float:
+        return float(f"{rng.uniform(low, high):.3g}")
+
+    return CostModel(step_seconds=draw(0.005, 0.05), prefill_seconds_per_token=draw(1e-5, 2e-4),
+                     swap_seconds_per_block=draw(1e-4, 2e-3), pcie_bandwidth=draw(5e9, 64e9),
+                     kv_read_bandwidth=rng.choice([None, draw(1e12, 5e12)]))
+
+
 def _resume_fresh(seed: int) -> list[Case]:
-    """A request of random length, part of it cached, on either cost model."""
+    """Each kind of request the fixed cases hold, on cost models and sizes drawn from
+    ``seed``: nothing cached, part of it cached, a cache holding all of it at a block's end,
+    blocks of one token, and a block longer than the request."""
     rng = random.Random(seed)
     block = rng.choice([8, 16, 32])
-    length = rng.randint(block + 1, 3000)
-    return [_resume_case(length, rng.randint(0, length // block), block,
-                         rng.choice([1024, GUIDE_TOKEN_BYTES]),
-                         rng.choice([ROOFLINE_COSTS, SLOW_LINK]))]
+    length = block * rng.randint(2, 100) + rng.randint(1, block - 1)  # a last block part full
+    full = rng.randint(2, 100)
+
+    def case(n: int, c: int, b: int) -> Case:
+        return _resume_case(n, c, b, rng.choice([1024, GUIDE_TOKEN_BYTES, 4096 * rng.randint(
+            1, 200)]), _drawn_costs(rng))
+
+    return [case(length, 0, block),
+            case(length, rng.randint(1, length // block - 1), block),
+            case(block * full, full + rng.randint(0, 9), block),
+            case(full, full + rng.randint(0, 9), 1),
+            case(rng.randint(2, 255), rng.randint(1, 5), 256)]
 
 
 # --- exercise 6: plan one step's preemptions (from a specification) -----------------------------
@@ -513,32 +630,70 @@ def _plan_case(running: list[tuple[Request, int]], free: int, size: int, policy:
                  plan_preemptions(running, free, size, policy), hint)
 
 
+def _bad_plan_case(running: list[tuple[Request, int]], free: int, size: int, policy: str,
+                   what: str) -> Case:
+    """A call with one impossible argument, ``what``, which must raise ValueError."""
+    return _case(f"fn(running={_show_running(running)}, free_blocks={free}, block_size={size}, "
+                 f"policy={policy!r})  # {what}",
+                 lambda fn: fn(list(running), free, size, policy), Raises(ValueError), BAD_INPUT)
+
+
 def _plan_cases() -> list[Case]:
     cases = [_plan_case(running, free, size, policy, hint)
              for running, free, size, hint in running_sets() for policy in POLICIES]
     one = [(Request(0, 10, 10), 16)]
-    for args, what in (((one, 0, 16, "random"), "policy='random'"),
-                       ((one, -1, 16, "fcfs"), "free_blocks=-1"),
-                       ((one, 0, 0, "fcfs"), "block_size=0"),
-                       (([(Request(0, 10, 10), 0)], 0, 16, "fcfs"), "a running length of 0")):
-        cases.append(_case(f"fn(running={_show_running(args[0])}, free_blocks={args[1]}, "
-                           f"block_size={args[2]}, policy={args[3]!r})  # {what}",
-                           lambda fn, args=args: fn(list(args[0]), *args[1:]),
-                           Raises(ValueError), BAD_INPUT))
-    return cases
+    return [*cases,
+            _bad_plan_case(one, 0, 16, "random", "policy='random'"),
+            _bad_plan_case(one, -1, 16, "fcfs", "free_blocks=-1"),
+            _bad_plan_case(one, 0, 0, "fcfs", "block_size=0"),
+            _bad_plan_case([(Request(0, 10, 10), 0)], 0, 16, "fcfs", "a running length of 0")]
+
+
+def _drawn_running_sets(rng: random.Random) -> list[RunningSet]:
+    """One running set of each kind :func:`running_sets` holds, drawn from ``rng``: free
+    blocks exactly enough (lengths at, one short of and one past a block's end), one short
+    with a partly filled newest request, only full requests, and a random set."""
+    size = rng.choice([2, 4, 8])
+    ids = iter(rng.sample(range(100), 40))
+
+    def r(length: int) -> tuple[Request, int]:
+        return (Request(next(ids), 10, 10, arrival=rng.randint(0, 3),
+                        priority=rng.randint(0, 2)), length)
+
+    def at_block_end(low: int = 1) -> int:
+        """A length that fills whole blocks."""
+        return size * rng.randint(low, 6)
+
+    full = rng.randint(0, 2)
+    enough = ([r(at_block_end()) for _ in range(full)]
+              + [r(at_block_end() - 1) for _ in range(full + 1)]
+              + [r(at_block_end(0) + 1) for _ in range(rng.randint(0, 2))])
+    rng.shuffle(enough)
+    short = [r(at_block_end()) for _ in range(rng.randint(1, 3))] + [r(rng.randint(1, size - 1))]
+    crowd = rng.randint(2, 4)
+    all_full = [r(at_block_end()) for _ in range(crowd - 1)] + [r(size * (crowd - 1))]
+    drawn = [r(at_block_end() if rng.random() < 0.6 else rng.randint(1, 6 * size))
+             for _ in range(rng.randint(3, 7))]
+    return [(enough, full, size, PLAN_NEED), (short, len(short) - 2, size, PLAN_FCFS),
+            (all_full, 0, size, PLAN_VICTIM), (drawn, rng.randint(0, 2), size, PLAN_PRIORITY)]
 
 
 def _plan_fresh(seed: int) -> list[Case]:
-    """A random running set on an empty pool, under each policy."""
+    """Each kind of running set the fixed cases hold, drawn from ``seed`` (the first under
+    one policy, the others under both), an empty one, and each impossible argument."""
     rng = random.Random(seed)
-    size = rng.choice([4, 8])
-    running = [(Request(rid, 10, 10, arrival=rng.randint(0, 3), priority=rng.randint(0, 2)),
-                size * rng.randint(1, 4) if rng.random() < 0.6 else rng.randint(1, 4 * size))
-               for rid in rng.sample(range(40), rng.randint(3, 7))]
-    free = rng.randint(0, 2)
-    return [_plan_case(running, free, size, policy,
-                       f"{PLAN_NEED}; {PLAN_FCFS if policy == 'fcfs' else PLAN_PRIORITY}; "
-                       f"{PLAN_VICTIM}") for policy in POLICIES]
+    (enough, free, size, hint), *rest = _drawn_running_sets(rng)
+    one = [(Request(rng.randrange(100), 10, 10), rng.randint(1, 40))]
+    return [_plan_case(enough, free, size, rng.choice(POLICIES), hint),
+            *(_plan_case(running, free, size, policy, hint)
+              for running, free, size, hint in rest for policy in POLICIES),
+            _plan_case([], rng.randint(0, 5), size, rng.choice(POLICIES), PLAN_NEED),
+            _bad_plan_case(one, 0, size, rng.choice(["random", "lifo", "FCFS", "newest"]),
+                           "an unknown policy"),
+            _bad_plan_case(one, -rng.randint(1, 9), size, "fcfs", "a negative free_blocks"),
+            _bad_plan_case(one, 0, rng.choice([0, -size]), "priority", "a block_size below 1"),
+            _bad_plan_case([*one, (Request(100, 10, 10), rng.choice([0, -rng.randint(1, 9)]))],
+                           0, size, "fcfs", "a running length below 1")]
 
 
 EXERCISES = (

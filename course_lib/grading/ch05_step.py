@@ -373,6 +373,49 @@ def replays() -> list[Replay]:
     ]
 
 
+def _budget_replay(rng: random.Random) -> Replay:
+    """Requests that meet max_num_batched_tokens exactly at step 0, then one that fits the
+    budget while they run only if their decode tokens (or its own written token) were free;
+    then a small late arrival. The pool holds them all; no request is longer than the budget
+    (the simulator's max_len)."""
+    running = rng.randint(2, 3)
+    budget = rng.randint(3 * running + 2, 18)
+    cuts = sorted(rng.sample(range(1, budget - running), running - 1))
+    prompts = [b - a for a, b in zip([0, *cuts], [*cuts, budget - running], strict=True)]
+    trace = [_req(i, p, rng.randint(2, min(5, budget - p))) for i, p in enumerate(prompts)]
+    trace += [_req(running, budget - running, rng.randint(1, running)),
+              _req(running + 1, rng.randint(1, 3), rng.randint(1, 3), arrival=rng.randint(3, 8))]
+    return Replay("a budget met exactly, drawn", tuple(trace), 4,
+                  sum(r.total_len // 4 + 1 for r in trace), max_num_batched_tokens=budget)
+
+
+def _seats_replay(rng: random.Random) -> Replay:
+    """More requests at step 0 than max_num_seqs, on a pool that holds them all."""
+    seats = rng.randint(1, 3)
+    trace = tuple(_req(i, rng.randint(1, 8), rng.randint(1, 5))
+                  for i in range(seats + rng.randint(1, 3)))
+    return Replay("max_num_seqs binds, drawn", trace, 4,
+                  sum(r.total_len // 4 + 1 for r in trace), max_num_seqs=seats)
+
+
+def _filled_replay(rng: random.Random) -> Replay:
+    """Prompts whose blocks the token they write fills exactly, on a pool they fill exactly:
+    the last admission takes the last free block, and every one claims at the next step."""
+    blocks = [rng.randint(1, 3) for _ in range(rng.randint(2, 3))]
+    return Replay("blocks filled exactly, drawn",
+                  tuple(_req(i, 4 * n - 1, rng.randint(2, 5)) for i, n in enumerate(blocks)), 4,
+                  sum(blocks))
+
+
+def _small_behind_replay(rng: random.Random) -> Replay:
+    """A request with room in its last block and a full one fill the pool; the full one is
+    preempted at step 1 and no longer fits, while a small request arriving behind it would."""
+    room, full = rng.randint(1, 3), rng.randint(1, 3)
+    trace = (_req(0, 4 * room, rng.randint(4, 8)), _req(1, 4 * full - 1, rng.randint(3, 6)),
+             _req(2, rng.randint(1, 2), rng.randint(1, 3), arrival=1))
+    return Replay("preemption with a small request waiting, drawn", trace, 4, room + 1 + full)
+
+
 # --- hand-made states: rules that the simulator's states never exercise ------------------------
 
 
@@ -389,6 +432,7 @@ class Scene:
     state: State
     must: tuple[tuple[str, Any], ...]
     hint: str
+    block_size: int = 4
 
     def explain(self, got: Any) -> Verdict | None:
         """None when every field in ``must`` is as required, else the first that is not."""
@@ -402,10 +446,10 @@ class Scene:
         return None
 
 
-def _one_step(fn: Callable[..., Any], state: State) -> dict[str, Any]:
-    """``fn`` on a copy of ``state`` with blocks of 4 and no limits, as plain data."""
+def _one_step(fn: Callable[..., Any], state: State, block_size: int) -> dict[str, Any]:
+    """``fn`` on a copy of ``state`` with no limits, as plain data."""
     try:
-        out = fn(copy.deepcopy(state), 4, None, None)
+        out = fn(copy.deepcopy(state), block_size, None, None)
     except NotImplementedError:
         raise
     except Exception as error:  # the learner's code may raise anything
@@ -416,29 +460,56 @@ def _one_step(fn: Callable[..., Any], state: State) -> dict[str, Any]:
         return {"error": f"cannot read {out!r:.60} ({type(error).__name__}: {error})"}
 
 
-SCENES = (
-    Scene("request 0 holds a spare block: 8 tokens in 3 blocks of 4",
-          {"running": [{"id": 0, "length": 8, "blocks": 3}, {"id": 1, "length": 4, "blocks": 1}],
-           "waiting": [], "free_blocks": 1},
-          (("preempted", []), ("running", [{"id": 0, "length": 8, "blocks": 3},
-                                           {"id": 1, "length": 4, "blocks": 2}]),
-           ("free_blocks", 0)),
-          "a request claims only when its blocks are full (blocks x block_size == length), "
-          "not whenever length % block_size == 0: request 0 has room for its token"),
-    Scene("request 1, the newest, holds a spare block and is preempted",
-          {"running": [{"id": 0, "length": 8, "blocks": 2}, {"id": 1, "length": 3, "blocks": 3}],
-           "waiting": [{"id": 2, "length": 2}], "free_blocks": 0},
-          (("preempted", [1]), ("admitted", []),
-           ("waiting", [{"id": 1, "length": 3}, {"id": 2, "length": 2}]), ("free_blocks", 2)),
-          f"{PREEMPTED_ADMITS}, even when the free blocks would hold the front request"),
-)
+def _spare_scene(size: int, old: int, new: int, blocks: int, claims: int, free: int) -> Scene:
+    """Request ``old`` holds ``blocks`` full blocks and a spare one; the newest, ``new``,
+    fills ``claims`` blocks exactly: only ``new`` claims, from ``free`` >= 1 blocks."""
+    running = [{"id": old, "length": size * blocks, "blocks": blocks + 1},
+               {"id": new, "length": size * claims, "blocks": claims}]
+    return Scene(f"request {old} holds a spare block: {size * blocks} tokens in {blocks + 1} "
+                 f"blocks of {size}", {"running": running, "waiting": [], "free_blocks": free},
+                 (("preempted", []), ("running", [running[0], dict(running[1],
+                                                                   blocks=claims + 1)]),
+                  ("free_blocks", free - 1)),
+                 "a request claims only when its blocks are full (blocks x block_size == "
+                 f"length), not whenever length % block_size == 0: request {old} has room for "
+                 "its token", size)
+
+
+def _preempted_scene(size: int, old: int, new: int, waiting: int, blocks: int, length: int,
+                     held: int, small: int) -> Scene:
+    """Request ``old`` fills ``blocks`` blocks and claims from an empty pool; the newest,
+    ``new``, at ``length`` tokens in ``held`` blocks (at least one more than it needs), is
+    preempted and would fit back at once, in front of ``waiting`` at ``small`` tokens."""
+    return Scene(f"request {new}, the newest, holds a spare block and is preempted",
+                 {"running": [{"id": old, "length": size * blocks, "blocks": blocks},
+                              {"id": new, "length": length, "blocks": held}],
+                  "waiting": [{"id": waiting, "length": small}], "free_blocks": 0},
+                 (("preempted", [new]), ("admitted", []),
+                  ("waiting", [{"id": new, "length": length}, {"id": waiting, "length": small}]),
+                  ("free_blocks", held - 1)),
+                 f"{PREEMPTED_ADMITS}, even when the free blocks would hold the front request",
+                 size)
+
+
+SCENES = (_spare_scene(4, 0, 1, 2, 1, 1), _preempted_scene(4, 0, 1, 2, 2, 3, 3, 2))
+
+
+def _drawn_scenes(rng: random.Random) -> list[Scene]:
+    """The two kinds of :data:`SCENES` on ids, lengths and block sizes drawn from ``rng``."""
+    size = rng.choice([2, 4, 8])
+    old, new, waiting = rng.sample(range(100), 3)
+    length = rng.randint(1, 2 * size)
+    return [_spare_scene(size, old, new, rng.randint(1, 4), rng.randint(1, 4),
+                         rng.randint(1, 3)),
+            _preempted_scene(size, old, new, waiting, rng.randint(1, 4), length,
+                             length // size + 1 + rng.randint(1, 3), rng.randint(1, size))]
 
 
 def _scene_case(scene: Scene) -> Case:
-    state = scene.state
+    state, size = scene.state, scene.block_size
     return Case(f"fn({{'running': {state['running']}, 'waiting': {state['waiting']}, "
-                f"'free_blocks': {state['free_blocks']}}}, 4, None, None)  # {scene.label}",
-                lambda fn, state=state: _one_step(fn, state),
+                f"'free_blocks': {state['free_blocks']}}}, {size}, None, None)  # {scene.label}",
+                lambda fn, state=state: _one_step(fn, state, size),
                 Satisfies(", ".join(f"{key} {_show(key, want)}" for key, want in scene.must),
                           explain=scene.explain),
                 scene.hint, compare=satisfies)
@@ -449,13 +520,18 @@ def _cases() -> list[Case]:
 
 
 def _fresh(seed: int) -> list[Case]:
-    """Two seeded traces drawn from ``seed``: one with each limit."""
+    """Each kind of fixed case, drawn from ``seed``: two seeded traces that preempt (one
+    with each limit), max_num_seqs binding, the budget met exactly, blocks filled exactly, a
+    small request behind a preempted one, and both hand-made scenes."""
     rng = random.Random(seed)
     traces = [_seeded(rng.randrange(10_000), rng.randint(8, 10),
                       max_num_seqs=rng.randint(2, 4)),
               _seeded(rng.randrange(10_000), rng.randint(8, 10),
-                      max_num_batched_tokens=rng.randint(32, 44))]
-    return [replay_case(case, RULES) for case in traces]
+                      max_num_batched_tokens=rng.randint(32, 44)),
+              _seats_replay(rng), _budget_replay(rng), _filled_replay(rng),
+              _small_behind_replay(rng)]
+    return ([replay_case(case, RULES) for case in traces]
+            + [_scene_case(scene) for scene in _drawn_scenes(rng)])
 
 
 SCHEDULER_STEP = Exercise("05.scheduler_step", "One scheduler step of continuous batching",

@@ -471,26 +471,46 @@ def _token_offset_cases() -> list[Case]:
 
 
 def _token_offset_fresh(seed: int) -> list[Case]:
-    """A cache of random shape and layout, a random table and token, drawn from ``seed``."""
+    """Each kind of fixed case on caches, tables and tokens drawn from ``seed``: the pool's
+    interleaved key view, a contiguous and a head-major cache, an offset past 2**32, a token
+    one past what the table covers and a negative one."""
     rng = random.Random(seed)
-    blocks, block_size, heads = rng.randint(8, 5000), rng.choice([4, 8, 16]), rng.randint(1, 8)
-    head_major = rng.random() < 0.5
-    shape = (blocks, heads, block_size, 64) if head_major else (blocks, block_size, heads, 64)
-    cache = torch.empty(*shape, device="meta")
-    cache = cache.transpose(1, 2) if head_major else cache
-    table = rng.sample(range(blocks), rng.randint(1, 6))
-    t = rng.randrange(len(table) * block_size)
-    return [_offset_case(cache, table, t, rng.randrange(heads),
-                         f"a {'head-major' if head_major else 'contiguous'} cache drawn from "
-                         f"seed {seed}", block_size)]
+    size, heads, dim = rng.choice([4, 8, 16]), rng.randint(1, 8), rng.choice([64, 128])
+
+    def table(blocks: int) -> list[int]:
+        return rng.sample(range(blocks), rng.randint(1, 6))
+
+    def token(blocks: Sequence[int]) -> int:
+        return rng.randrange(len(blocks) * size)
+
+    blocks = rng.randint(8, 5000)
+    key = torch.empty(blocks, 2, size, heads, dim, device="meta")[:, 0]
+    contiguous = torch.empty(blocks, size, heads, dim, device="meta")
+    head_major = torch.empty(blocks, heads, size, dim, device="meta").transpose(1, 2)
+    wide = 2**32 // (size * heads * dim) + rng.randint(1, 5000)  # blocks past 2**32 elements
+    huge = torch.empty(wide + 1, size, heads, dim, device="meta")
+    far = [*table(blocks), wide]
+    rng.shuffle(far)
+    cases = [_offset_case(cache, ids, token(ids), rng.randrange(heads), label, size, hint)
+             for cache, ids, label, hint in (
+                 (key, table(blocks), "the pool's key cache: [blocks, 2, B, H, D] viewed as K",
+                  OFFSET),
+                 (contiguous, table(blocks), "a contiguous [blocks, B, H, D] cache", OFFSET),
+                 (head_major, table(blocks), "a head-major [blocks, H, B, D] cache, transposed",
+                  OFFSET_STRIDES))]
+    start = far.index(wide) * size  # a token in the block past 2**32 elements
+    cases.append(_offset_case(huge, far, start + rng.randrange(size), rng.randrange(heads),
+                              f"{wide + 1:,} blocks: the offset needs more than 32 bits", size,
+                              OFFSET_WIDE))
+    ids = table(blocks)
+    cases += [_offset_case(key, ids, len(ids) * size, 0, "one token past what the table covers",
+                           size),
+              _offset_case(key, ids, -rng.randint(1, size), rng.randrange(heads),
+                           "a negative position", size)]
+    return cases
 
 
 # --- exercise 2: the paged decode kernel, from its specification -----------------------------
-
-_HINT_DECODE = ("one program per (sequence, KV head) holds that head's group of query heads as "
-                "rows; mask tokens >= seq_len in every load and give them score -inf; keep the "
-                "running max across tiles, rescale l and acc when it grows, divide by l at the "
-                "end")
 
 
 @dataclass(frozen=True)
@@ -536,64 +556,84 @@ OVERFLOW = ("subtract the maximum over every tile so far (max of the running max
             "overflow exp otherwise")
 TILES = ("keep the running max across tiles, rescale l and acc by exp(old max - new max) when "
          "it grows, and divide by l once, at the end")
+PADDED = ("rows r < GROUP are query heads kv_head x GROUP + r; pad to >= 16 rows, mask the "
+          "rest; multiply the scores by scale")
+HALF = "load fp16, compute scores, sums and acc in fp32"
 
 _DECODE_SETTINGS = (
     # (label, q heads, kv heads, block size, lengths, keyword arguments, hint, targeted)
     ("one sequence shorter than one block; group 1 (MHA)", 2, 2, 16, [5], {}, TILES, ""),
     ("GQA group 4; several tiles; NaN in every slot that holds no token", 8, 2, 8,
      [1, 8, 9, 45], {}, TILES, ""),
-    ("GQA group 7 (padded rows); scale 0.1", 7, 1, 16, [70, 16], {"scale": 0.1},
-     "rows r < GROUP are query heads kv_head x GROUP + r; pad to >= 16 rows, mask the rest; "
-     "multiply the scores by scale", ""),
+    ("GQA group 7 (padded rows); scale 0.1", 7, 1, 16, [70, 16], {"scale": 0.1}, PADDED, ""),
     ("q x 1000: scores ~1e3, exp overflows without the running max", 4, 2, 8, [60, 33],
      {"q_scale": 1000.0}, OVERFLOW, OVERFLOW),
     ("float16 q and cache (accumulate in float32)", 4, 1, 16, [33, 3],
-     {"dtype": torch.float16}, "load fp16, compute scores, sums and acc in fp32", ""),
+     {"dtype": torch.float16}, HALF, ""),
 )
 
 _WIDE_BLOCK_SIZE, _WIDE_HEAD_DIM = 16, 16
-_WIDE_BLOCK = 2**32 // (2 * _WIDE_BLOCK_SIZE * _WIDE_HEAD_DIM) + 5
-"""A block id whose element offset in a ``[blocks, 2, 16, 1, 16]`` cache passes 2**32: in
-32-bit arithmetic it wraps around to block 5's offset, which holds NaN."""
+_WIDE_STRIDE = 2 * _WIDE_BLOCK_SIZE * _WIDE_HEAD_DIM
+"""Elements per block of a ``[blocks, 2, 16, 1, 16]`` cache (K and V interleaved)."""
 
 
-def _wide_offset_inputs() -> tuple[DecodeInputs, Callable[[torch.device], tuple[Any, ...]]]:
-    """A cache of 2**32+ elements that only exists in virtual memory, and its small twin.
+WideInputs = tuple[DecodeInputs, Callable[[torch.device], tuple[Any, ...]], str]
+"""A wide-offset case's small twin, the function that builds its 8 GiB cache on a device,
+and its label."""
 
-    The twin holds the same touched blocks with block ``_WIDE_BLOCK`` stored as block 8; the
-    expected answer comes from it. The large cache is made when the case runs, on the kernel's
-    device, with ``torch.empty`` (untouched pages cost no memory) and only its touched blocks
-    written.
+
+def _wide_offset_inputs(seed: int = 42, wraps_to: int = 5, at: int = 1, q_heads: int = 2,
+                        length: int = 40) -> WideInputs:
+    """A cache of 2**32+ elements that only exists in virtual memory, its small twin, and
+    the case's label.
+
+    The sequence's table is blocks 1 and 3 with, at place ``at``, a block whose element
+    offset passes 2**32: in 32-bit arithmetic it wraps around to block ``wraps_to``'s offset,
+    which holds NaN. The twin holds the same touched blocks with that block stored as block
+    8; the expected answer comes from it. The large cache is made when the case runs, on the
+    kernel's device, with ``torch.empty`` (untouched pages cost no memory) and only its
+    touched blocks written.
     """
-    gen = torch.Generator().manual_seed(42)
+    wide = 2**32 // _WIDE_STRIDE + wraps_to
+    gen = torch.Generator().manual_seed(seed)
     shape = (2, _WIDE_BLOCK_SIZE, 1, _WIDE_HEAD_DIM)
     small = torch.full((9, *shape), float("nan"), dtype=torch.float16)
     for block in (1, 3, 8):
         small[block] = torch.randn(shape, generator=gen)
-    q = torch.randn(1, 2, _WIDE_HEAD_DIM, generator=gen).to(torch.float16)
-    lens = torch.tensor([40], dtype=torch.int32)
-    twin = DecodeInputs(q, small[:, 0], small[:, 1], torch.tensor([[1, 8, 3]], dtype=torch.int32),
+    q = torch.randn(1, q_heads, _WIDE_HEAD_DIM, generator=gen).to(torch.float16)
+    lens = torch.tensor([length], dtype=torch.int32)
+    order = [1, 3]
+    order.insert(at, 8)
+    twin = DecodeInputs(q, small[:, 0], small[:, 1], torch.tensor([order], dtype=torch.int32),
                         lens, 0.25)
 
     def build(device: torch.device) -> tuple[Any, ...]:
         try:
-            kv = torch.empty((_WIDE_BLOCK + 1, *shape), dtype=torch.float16, device=device)
+            kv = torch.empty((wide + 1, *shape), dtype=torch.float16, device=device)
         except (RuntimeError, MemoryError) as error:  # the system refuses 8 GiB, even unused
             raise MemoryError(f"this case needs 8 GiB of (virtual) {device} memory, which this "
                               f"machine refuses, so it cannot run here: {error}") from None
         kv[:8] = small[:8].to(device)
-        kv[_WIDE_BLOCK] = small[8].to(device)
-        table = torch.tensor([[1, _WIDE_BLOCK, 3]], dtype=torch.int32, device=device)
+        kv[wide] = small[8].to(device)
+        table = torch.tensor([[wide if block == 8 else block for block in order]],
+                             dtype=torch.int32, device=device)
         return q.to(device), kv[:, 0], kv[:, 1], table, lens.to(device), 0.25
 
-    return twin, build
+    label = (f"block id {wide:,}: its offset passes 2**32 elements (an fp16 cache of "
+             f"{(wide + 1) * _WIDE_STRIDE * 2 / 2**30:.0f} GiB in virtual memory; never copy "
+             "the caches)")
+    return twin, build, label
 
 
-_WIDE_LABEL = (f"block id {_WIDE_BLOCK:,}: its offset passes 2**32 elements (an fp16 cache of "
-               f"{(_WIDE_BLOCK + 1) * 2 * _WIDE_BLOCK_SIZE * _WIDE_HEAD_DIM * 2 / 2**30:.0f} GiB"
-               " in virtual memory; never copy the caches)")
 _WIDE_HINT = ("cast the block id to tl.int64 before multiplying it by a stride: in 32 bits, "
               "block x stride_kb wraps around and reads another block")
+
+
+def _drawn_wide_inputs(rng: random.Random) -> WideInputs:
+    """:func:`_wide_offset_inputs` with values, the wide block's place and where it wraps
+    to, the query heads and the length drawn from ``rng``."""
+    return _wide_offset_inputs(rng.randrange(10_000), rng.choice([0, 2, 4, 5, 6, 7]),
+                               rng.randint(0, 2), rng.choice([1, 2, 4]), rng.randint(33, 48))
 
 
 def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
@@ -628,38 +668,64 @@ def _decode_case(label: str, inputs: DecodeInputs, hint: str, targeted: str = ""
         heads=_head_outputs(inputs), targeted=targeted)
 
 
+def _wide_decode_case(wide: WideInputs) -> Case:
+    """The decode case on :func:`_wide_offset_inputs`' cache, judged by its small twin."""
+    twin, build, label = wide
+    return _tensor_case(
+        f"{_DECODE_CALL}  # {label}: {twin.describe()}",
+        lambda fn: fn(*build(kernel_device())),
+        [Want("out", paged_attention_reference(*twin.on(torch.device("cpu"))), ("b", "h"),
+              "float32")],
+        _WIDE_HINT, *_tolerance(torch.float16), "paged_attention_reference", kernel=True,
+        targeted=_WIDE_HINT)
+
+
 def _decode_cases() -> list[Case]:
     cases = []
     for seed, (label, hq, hkv, block_size, lens, kwargs, hint, targeted) in enumerate(
             _DECODE_SETTINGS):
         inputs = _decode_inputs(hq, hkv, block_size, lens, seed=seed, **kwargs)
         cases.append(_decode_case(label, inputs, hint, targeted))
-    twin, build = _wide_offset_inputs()
-    cases.append(_tensor_case(
-        f"{_DECODE_CALL}  # {_WIDE_LABEL}: {twin.describe()}",
-        lambda fn: fn(*build(kernel_device())),
-        [Want("out", paged_attention_reference(*twin.on(torch.device("cpu"))), ("b", "h"),
-              "float32")],
-        _WIDE_HINT, *_tolerance(torch.float16), "paged_attention_reference", kernel=True,
-        targeted=_WIDE_HINT))
-    return cases
+    return [*cases, _wide_decode_case(_wide_offset_inputs())]
 
 
-def _random_layout(rng: random.Random) -> dict[str, Any]:
-    """A GQA layout, block size and lengths drawn from ``rng`` (small: the interpreter is slow)."""
-    kv_heads = rng.choice([1, 2])
-    return {"q_heads": kv_heads * rng.choice([1, 2, 3, 4]), "kv_heads": kv_heads,
-            "block_size": rng.choice([4, 8, 16]),
-            "lens": [rng.randint(1, 40) for _ in range(rng.randint(1, 2))],
-            "seed": rng.randrange(1000)}
+def _drawn_inputs(rng: random.Random, groups: Sequence[int], lens: Sequence[int],
+                  kv_heads: int | None = None, **kwargs: Any) -> DecodeInputs:
+    """:func:`_decode_inputs` with a group from ``groups``, a KV head count (1 or 2 unless
+    given), a block size and the values drawn from ``rng``."""
+    kv = kv_heads or rng.choice([1, 2])
+    return _decode_inputs(kv * rng.choice(groups), kv, rng.choice([4, 8, 16]), lens,
+                          seed=rng.randrange(1000), **kwargs)
+
+
+def _drawn_q_scale(rng: random.Random) -> float:
+    """A query scale that makes scores of about 1e3."""
+    return float(rng.randint(5, 20) * 100)
 
 
 def _decode_fresh(seed: int) -> list[Case]:
-    """One batch with a layout, lengths and values drawn from ``seed``."""
-    layout = _random_layout(random.Random(seed))
-    inputs = _decode_inputs(layout["q_heads"], layout["kv_heads"], layout["block_size"],
-                            layout["lens"], seed=layout["seed"])
-    return [_decode_case(f"drawn from seed {seed}", inputs, _HINT_DECODE)]
+    """Each kind of fixed case, drawn from ``seed``: GQA over several tiles beside a
+    sequence shorter than a block, a group that is no power of two with its own scale,
+    scores of about 1e3, float16, and a block whose offset passes 2**32."""
+    rng = random.Random(seed)
+    q_scale = _drawn_q_scale(rng)
+    settings = [
+        ("GQA; several tiles beside a sequence shorter than a block; NaN in every slot that "
+         "holds no token", [2, 4], [rng.randint(1, 3), rng.randint(17, 60)], {"kv_heads": 2},
+         TILES, ""),
+        ("a group that is no power of two (padded rows), its own scale", [3, 5, 6, 7],
+         [rng.randint(1, 60)], {"scale": rng.choice([*range(5, 25), *range(26, 51)]) / 100},
+         PADDED, ""),  # never 0.25 = 1 / sqrt(head_dim), the scale a learner might assume
+        (f"q x {q_scale:g}: scores ~1e3, exp overflows without the running max", [1, 2, 4],
+         [rng.randint(33, 64), rng.randint(17, 64)], {"q_scale": q_scale}, OVERFLOW,
+         OVERFLOW),
+        ("float16 q and cache (accumulate in float32)", [1, 2, 4],
+         [rng.randint(17, 48), rng.randint(1, 16)], {"dtype": torch.float16}, HALF, ""),
+    ]
+    return [*(_decode_case(f"drawn from seed {seed}: {label}",
+                           _drawn_inputs(rng, groups, lens, **kwargs), hint, targeted)
+              for label, groups, lens, kwargs, hint, targeted in settings),
+            _wide_decode_case(_drawn_wide_inputs(rng))]
 
 
 # --- exercise 3: merging the splits, in torch -----------------------------------------------
@@ -691,12 +757,13 @@ MERGE_SHIFT = ("subtract the row's largest lse before exp: otherwise exp overflo
 MERGE_ROWS = ("merge over the split dimension (-2 of outputs, -1 of lses) and take the max per "
               "row, not over the whole batch: a row 400 below the batch's max underflows to "
               "0 / 0")
-MERGE_HINT = f"{MERGE_WEIGHTS}; {MERGE_SHIFT}"
+_MERGE_DIM = 16
+"""head_dim of the merge cases."""
 
 
 def _merge_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(6)
-    head_dim = 16
+    head_dim = _MERGE_DIM
     q, k, v = (torch.randn(*shape, generator=gen) for shape in
                ((head_dim,), (48, head_dim), (48, head_dim)))
     cases: list[Case] = []
@@ -732,24 +799,63 @@ def _merge_cases() -> list[Case]:
     return cases
 
 
+def _drawn_partials(gen: torch.Generator, tokens: int, sizes: Sequence[int],
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A query, keys and values drawn from ``gen``: each split's partials, and the answer
+    (the reference over all ``tokens``)."""
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in
+               ((_MERGE_DIM,), (tokens, _MERGE_DIM), (tokens, _MERGE_DIM)))
+    outputs, lses = _split_partials(q, k, v, sizes)
+    return outputs, lses, reference_attention(q[None, None], k[None, :, None],
+                                              v[None, :, None])[0, 0]
+
+
+def _drawn_sizes(rng: random.Random, tokens: int, empty: bool) -> list[int]:
+    """Split sizes cutting ``tokens`` at random; with ``empty``, one of them is 0 (a cut
+    repeated or at the end, as more splits than tokens leave)."""
+    cuts = sorted(rng.randint(1, tokens - 1) for _ in range(rng.randint(1, 3)))
+    if empty:
+        cuts.insert(rng.randint(0, len(cuts)), rng.choice([*cuts, tokens]))
+        cuts.sort()
+    return [b - a for a, b in zip([0, *cuts], [*cuts, tokens], strict=True)]
+
+
 def _merge_fresh(seed: int) -> list[Case]:
-    """A query, keys and values drawn from ``seed``, cut into random splits (one maybe
-    empty), every score shifted by a random amount."""
+    """Each kind of fixed case on queries, keys, values and splits drawn from ``seed``: one
+    split, splits one of which is empty, every score shifted far up or down, and a batch of
+    rows, each with its own inputs and shift, the shifts far apart."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(rng.randrange(10_000))
-    head_dim, tokens = 16, rng.randint(8, 60)
-    q, k, v = (torch.randn(*shape, generator=gen) for shape in
-               ((head_dim,), (tokens, head_dim), (tokens, head_dim)))
-    cuts = sorted(rng.randint(0, tokens) for _ in range(rng.randint(1, 4)))
-    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, tokens], strict=True)]
-    outputs, lses = _split_partials(q, k, v, sizes)
-    lses = lses + rng.choice([-150.0, 0.0, 150.0])
-    want = reference_attention(q[None, None], k[None, :, None], v[None, :, None])[0, 0]
-    return [_tensor_case(
-        f"fn(outputs [{len(sizes)}, {head_dim}], lses [{len(sizes)}])  # drawn from seed "
-        f"{seed}: split sizes {sizes}", lambda fn: fn(outputs.clone(), lses.clone()),
-        [Want("out", want)], MERGE_HINT, 1e-4, 1e-4,
-        f"reference_attention over all {tokens} tokens")]
+    cases = []
+    for kind, shift, hint in (("one", 0, ""), ("empty", 0, ""),
+                              ("cut", rng.choice([-1, 1]) * rng.randint(150, 300), MERGE_SHIFT)):
+        tokens = rng.randint(8, 60)
+        sizes = [tokens] if kind == "one" else _drawn_sizes(rng, tokens, kind == "empty")
+        outputs, lses, want = _drawn_partials(gen, tokens, sizes)
+        lses = lses + shift
+        cases.append(_tensor_case(
+            f"fn(outputs [{len(sizes)}, {_MERGE_DIM}], lses [{len(sizes)}])  # drawn from seed "
+            f"{seed}: split sizes {sizes}, every score {shift:+d}",
+            lambda fn, o=outputs, s=lses: fn(o.clone(), s.clone()), [Want("out", want)],
+            MERGE_WEIGHTS, 1e-4, 1e-4, f"reference_attention over all {tokens} tokens",
+            targeted=hint))
+    heads, tokens = rng.randint(2, 3), rng.randint(8, 60)
+    sizes = _drawn_sizes(rng, tokens, empty=False)
+    shifts = [rng.randint(-300, 300) for _ in range(2 * heads)]
+    high, low = rng.sample(range(2 * heads), 2)  # a row 240 or more below another
+    shifts[high], shifts[low] = rng.randint(120, 300), -rng.randint(120, 300)
+    rows = [_drawn_partials(gen, tokens, sizes) for _ in shifts]
+    outputs = torch.stack([o for o, _, _ in rows]).reshape(2, heads, len(sizes), _MERGE_DIM)
+    lses = torch.stack([s + shift for (_, s, _), shift in zip(rows, shifts, strict=True)])
+    cases.append(_tensor_case(
+        f"fn(outputs [2, {heads}, {len(sizes)}, {_MERGE_DIM}], lses [2, {heads}, {len(sizes)}])"
+        f"  # drawn from seed {seed}: a batch of rows (sequence, head), each its own inputs, "
+        f"split sizes {sizes}, each row's lses shifted by {shifts}",
+        lambda fn: fn(outputs.clone(), lses.reshape(2, heads, len(sizes)).clone()),
+        [Want("out", torch.stack([w for _, _, w in rows]).reshape(2, heads, _MERGE_DIM),
+              ("b", "h"))], MERGE_ROWS, 1e-4, 1e-4,
+        f"reference_attention over all {tokens} tokens of each row", targeted=MERGE_ROWS))
+    return cases
 
 
 # --- exercise 4: split-KV, from its specification -----------------------------------------------
@@ -834,28 +940,50 @@ def _in_order(result: Any) -> Any:
     return result
 
 
+def _wide_split_case(wide: WideInputs, splits: int) -> Case:
+    """The split case on :func:`_wide_offset_inputs`' cache, judged by its small twin."""
+    twin, build, label = wide
+    return _tensor_case(
+        f"{_SPLIT_CALL.format(splits)}  # {label}: {twin.describe()}",
+        lambda fn: _in_order(fn(*build(kernel_device()), splits)), _split_wants(twin, splits),
+        _WIDE_HINT, *_tolerance(torch.float16), _SPLIT_WHAT, kernel=True,
+        targeted=_WIDE_HINT, hints=SPLIT_HINTS)
+
+
 def _split_cases() -> list[Case]:
     cases = []
     for seed, (label, hq, hkv, block_size, lens, splits, kwargs, targeted) in enumerate(
             _SPLIT_SETTINGS):
         inputs = _decode_inputs(hq, hkv, block_size, lens, seed=10 + seed, **kwargs)
         cases.append(_split_case(label, inputs, splits, targeted))
-    twin, build = _wide_offset_inputs()
-    cases.append(_tensor_case(
-        f"{_SPLIT_CALL.format(2)}  # {_WIDE_LABEL}: {twin.describe()}",
-        lambda fn: _in_order(fn(*build(kernel_device()), 2)), _split_wants(twin, 2),
-        _WIDE_HINT, *_tolerance(torch.float16), _SPLIT_WHAT, kernel=True,
-        targeted=_WIDE_HINT, hints=SPLIT_HINTS))
-    return cases
+    return [*cases, _wide_split_case(_wide_offset_inputs(), 2)]
 
 
 def _split_fresh(seed: int) -> list[Case]:
-    """One batch with a layout, lengths, values and a number of splits drawn from ``seed``."""
+    """Each kind of fixed case, drawn from ``seed``: one split, more splits than a short
+    sequence's tokens beside one they do not divide, a group that is no power of two with
+    splits that cut blocks in the middle, scores of about 1e3 over splits of several tiles,
+    and a block whose offset passes 2**32."""
     rng = random.Random(seed)
-    layout = _random_layout(rng)
-    inputs = _decode_inputs(layout["q_heads"], layout["kv_heads"], layout["block_size"],
-                            layout["lens"], seed=layout["seed"])
-    return [_split_case(f"drawn from seed {seed}", inputs, rng.randint(1, 5))]
+    short, splits = rng.randint(1, 3), rng.randint(4, 5)
+    long = rng.choice([n for n in range(17, 61) if n % splits])
+    cut = rng.randint(3, 4)
+    middle = rng.choice([n for n in range(40, 71) if -(-n // cut) % 16])
+    q_scale = _drawn_q_scale(rng)
+    return [
+        _split_case(f"drawn from seed {seed}: one split, the whole sequence",
+                    _drawn_inputs(rng, [1, 2, 4], [rng.randint(1, 40)]), 1),
+        _split_case(f"drawn from seed {seed}: {splits} splits; the {short}-token sequence "
+                    "leaves some empty", _drawn_inputs(rng, [1, 2, 4], [short, long]), splits),
+        _split_case(f"drawn from seed {seed}: a group that is no power of two, {cut} splits "
+                    "that cut blocks in the middle",
+                    _decode_inputs(rng.choice([3, 5, 6, 7]), 1, 16, [middle],
+                                   seed=rng.randrange(1000)), cut),
+        _split_case(f"drawn from seed {seed}: q x {q_scale:g}: scores ~1e3, 2 splits",
+                    _drawn_inputs(rng, [1, 2, 4], [rng.randint(34, 64)], q_scale=q_scale), 2,
+                    OVERFLOW),
+        _wide_split_case(_drawn_wide_inputs(rng), rng.randint(2, 3)),
+    ]
 
 
 _KERNELS = ("course_lib.attention.paged_attention_decode", "course_lib.attention.paged_decode",

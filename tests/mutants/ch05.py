@@ -204,6 +204,11 @@ def victim(key: Any, last_of_equals: bool = False) -> Any:
     return choose
 
 
+def victim_or_none(running: list[Request]) -> int | None:
+    """Returns None when nobody runs instead of refusing."""
+    return victim_by_stable_sort(running) if running else None
+
+
 def recomputing(mistake: str) -> Any:
     def recompute(prompt_len: int, generated: int, cached: int, block: int) -> int:
         if block < 1:
@@ -248,6 +253,25 @@ class StrictlyLessSwapSpace(DictSwapSpace):
         if rid in self.held:
             raise ValueError(f"{rid} twice")
         if self.used_blocks() + blocks >= self.capacity:
+            return False
+        self.held[rid] = blocks
+        return True
+
+
+class LenientSwapSpace(DictSwapSpace):
+    """Lets a request that is not out come back in, as zero blocks."""
+
+    def swap_in(self, rid: int) -> int:
+        return self.held.pop(rid, 0)
+
+
+class ZeroMeansUnlimitedSwapSpace(DictSwapSpace):
+    """Reads a capacity of 0 as no limit at all."""
+
+    def swap_out(self, rid: int, blocks: int) -> bool:
+        if rid in self.held:
+            raise ValueError(f"{rid} twice")
+        if self.capacity and self.used_blocks() + blocks > self.capacity:
             return False
         self.held[rid] = blocks
         return True
@@ -408,6 +432,7 @@ MUTANTS = [
     Mutant(VICTIM, "priority only", victim(lambda r: r.priority), "ARRIVED last"),
     Mutant(VICTIM, "the newest admission, as fcfs", lambda running: running[-1].id,
            "wherever it stands in the list"),
+    Mutant(VICTIM, "nobody running: None", victim_or_none, "nobody can be preempted"),
     Mutant(VICTIM, "returns the Request", lambda running: max(
         running, key=lambda r: (r.priority, r.arrival)), "not a Request"),
     Mutant(RECOMPUTE, "the cache may give back the last token", recomputing("whole_cache"),
@@ -421,6 +446,10 @@ MUTANTS = [
     Mutant(SWAP, "swap_in never releases", NeverReleasedSwapSpace, "no longer occupies"),
     Mutant(SWAP, "an exact fit refused", StrictlyLessSwapSpace, "exactly the space left"),
     Mutant(SWAP, "a request out twice", OverwritingSwapSpace, "cannot be out twice"),
+    Mutant(SWAP, "a request never out comes back in", LenientSwapSpace,
+           "only a request that is out"),
+    Mutant(SWAP, "a capacity of 0 taken as no limit", ZeroMeansUnlimitedSwapSpace,
+           "no swap space, no swapping"),
     Mutant(RESUME, "the cache ignored", resuming("no_cache"), "but the cached full blocks"),
     Mutant(RESUME, "the cache may give back the last token", resuming("cache_takes_last"),
            "never fewer than one"),

@@ -322,6 +322,14 @@ def in_q_dtype(launcher: Any) -> Any:
     return launch
 
 
+def own_scale(launcher: Any) -> Any:
+    """The launcher given 1 / sqrt(head_dim) instead of the scale it was called with."""
+    def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               tables: torch.Tensor, lens: torch.Tensor, scale: float) -> Any:
+        return launcher(q, k_cache, v_cache, tables, lens, q.shape[-1] ** -0.5)
+    return launch
+
+
 def offset_in_32_bits(block_table: Any, t: int, kv_head: int, block_size: int,
                       strides: tuple[int, ...]) -> int:
     """The right offset, kept in 32 bits as an int32 kernel variable would be."""
@@ -354,6 +362,8 @@ MUTANTS = [
     Mutant(DECODE, "the course's own kernel", paged_attention_decode, "answered with a kernel"),
     Mutant(DECODE, "out made with empty_like(q)", in_q_dtype(decoder()), "float32"),
     Mutant(DECODE, "GROUP_PAD below 16", decoder(pad_to_16=False), "at least 16"),
+    Mutant(DECODE, "1 / sqrt(head_dim) instead of scale", own_scale(decoder()),
+           "multiply the scores by scale"),
     Mutant(DECODE, "block id in 32 bits", decoder(INT32_BLOCK), "tl.int64"),
     Mutant(DECODE, "the maximum of each tile only", decoder(TILE_MAX), "every tile so far"),
     Mutant(DECODE, "no maximum subtracted", decoder(NO_MAX), "subtract the maximum"),
