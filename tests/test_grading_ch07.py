@@ -9,6 +9,8 @@ attention change the greedy tokens).
 from __future__ import annotations
 
 import copy
+import itertools
+import random
 from typing import Any
 
 import pytest
@@ -83,6 +85,28 @@ def test_fresh_cases_are_seeded() -> None:
     assert EXERCISE.fresh is not None
     assert [c.call for c in EXERCISE.fresh(4)] == [c.call for c in EXERCISE.fresh(4)]
     assert [c.call for c in EXERCISE.fresh(4)] != [c.call for c in EXERCISE.fresh(5)]
+
+
+def _preempted(steps: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
+    """(step, waiting after it) for each step that put a running request back to waiting."""
+    return [(step, after["waiting"])
+            for step, (before, after) in enumerate(itertools.pairwise(steps), start=1)
+            if set(before["running"]) & set(after["waiting"])]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_drawn_scenarios_finish_and_preempt_as_their_kind_says(seed: int) -> None:
+    """Room for all never preempts; a pool too small does; the queue preempts q at step 2 to
+    the front of waiting, r and s behind it. Every request finishes."""
+    rng = random.Random(seed)
+    runs = [ch07._expected_run(tuple(requests.items()), blocks)[0]
+            for requests, blocks in (draw(rng) for draw in (ch07._roomy, ch07._tight,
+                                                            ch07._queue))]
+    for steps in runs:
+        assert not steps[-1]["running"] and not steps[-1]["waiting"]
+    roomy, tight, queue = map(_preempted, runs)
+    assert not roomy and tight
+    assert queue[0] == (2, ["q", "r", "s"])
 
 
 # --- the exercise model is sensitive -----------------------------------------------------------

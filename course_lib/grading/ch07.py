@@ -444,17 +444,59 @@ def _step_cases() -> list[Case]:
             for label, requests, num_blocks in SCENARIOS]
 
 
+def _prompt(rng: random.Random, length: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(64) for _ in range(length))
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK_SIZE)
+
+
+def _roomy(rng: random.Random) -> tuple[dict[str, Request], int]:
+    """Three or four ragged requests arriving at steps 0 to 5 in a pool that holds them all;
+    the first runs long enough to cross a block boundary while decoding."""
+    names = "pqrs"[:rng.randint(3, 4)]
+    requests = {name: Request(0 if name == "p" else rng.randint(0, 5),
+                              _prompt(rng, rng.randint(1, 9)),
+                              rng.randint(5, 7) if name == "p" else rng.randint(1, 7))
+                for name in names}
+    room = sum(_blocks(len(q.prompt) + q.max_tokens) for q in requests.values())
+    return requests, room + 1 + rng.randint(0, 3)
+
+
+def _tight(rng: random.Random) -> tuple[dict[str, Request], int]:
+    """Two requests, then a third a step later, in a pool they fill exactly once all three
+    run: the next block any of them needs preempts the newest."""
+    lengths = [rng.randint(3, 9) for _ in range(3)]
+    requests = {name: Request(1 if name == "r" else 0, _prompt(rng, length), rng.randint(6, 8))
+                for name, length in zip("pqr", lengths, strict=True)}
+    grown = sum(length % BLOCK_SIZE == 0 for length in lengths[:2])  # claims of step 1
+    return requests, sum(map(_blocks, lengths)) + grown + 1
+
+
+def _queue(rng: random.Random) -> tuple[dict[str, Request], int]:
+    """``p`` runs; at step 1 ``q`` (a whole number of blocks) fits the blocks left exactly and
+    ``r`` (a block more) waits; at step 2 ``q``'s decode needs a block, ``q`` is preempted to
+    the front of waiting and no longer fits, nor does ``r``, while ``s`` (one block) would."""
+    first, whole = rng.randint(5, 10), rng.randint(2, 3)
+    requests = {
+        "p": Request(0, _prompt(rng, first), rng.randint(3, 7)),
+        "q": Request(1, _prompt(rng, whole * BLOCK_SIZE), rng.randint(2, 3)),
+        "r": Request(1, _prompt(rng, whole * BLOCK_SIZE + rng.randint(1, BLOCK_SIZE)),
+                     rng.randint(1, 3)),
+        "s": Request(2, _prompt(rng, rng.randint(1, 3)), rng.randint(1, 3)),
+    }
+    return requests, _blocks(first) + (first % BLOCK_SIZE == 0) + whole + 1
+
+
 def _step_fresh(seed: int) -> list[Case]:
-    """Three to five requests with random prompts, arrivals and lengths, in a pool that
-    holds the largest but not all of them."""
+    """One drawn scenario of each kind the fixed ones are: room for all, a pool too small,
+    a queue with an exact fit and a preempted request at the front."""
     rng = random.Random(seed)
-    requests = {name: Request(rng.randint(0, 3),
-                              tuple(rng.randrange(64) for _ in range(rng.randint(1, 9))),
-                              rng.randint(1, 6))
-                for name in "pqrst"[:rng.randint(3, 5)]}
-    largest = max(len(q.prompt) + q.max_tokens for q in requests.values())
-    num_blocks = -(-largest // BLOCK_SIZE) + 1 + rng.randint(1, 4)
-    return [step_case(requests, num_blocks, f"requests drawn from seed {seed}")]
+    return [step_case(*draw(rng), f"drawn from seed {seed}: {label}") for draw, label in (
+        (_roomy, "ragged prompts, room for all"),
+        (_tight, "a pool too small: the newest is preempted"),
+        (_queue, "several waiting at once, an exact fit, a preempted request at the front"))]
 
 
 EXERCISES = (

@@ -9,7 +9,9 @@ it carries; the expected values live in each case's ``expected`` (or, for tensor
 value that a known slip gives is named by that slip's hint (``recognising``; for the kernel,
 ``WindowMatch``), computed on the grader's side too.
 
-``fresh(seed)`` draws a few more cases of each exercise from ``random.Random(seed)``.
+``fresh(seed)`` draws from ``random.Random(seed)`` a case of every kind the fixed ones hold
+(each boundary, each slip's telling input, each input that must raise), so an answer that
+copies what ``check`` showed earns nothing.
 """
 
 from __future__ import annotations
@@ -78,16 +80,33 @@ def _bytes_mistakes(windows: Sequence[int | None], kv_heads: int, head_dim: int,
             (right / 2, K_AND_V)]
 
 
+def _bytes_call(windows: Sequence[int | None], kv_heads: int, head_dim: int, dtype_bytes: int,
+                num_tokens: int) -> str:
+    shown = windows if len(windows) <= 8 else f"{list(windows[:6])} + {len(windows) - 6} more"
+    return (f"fn(windows={shown}, kv_heads={kv_heads}, head_dim={head_dim}, "
+            f"dtype_bytes={dtype_bytes}, num_tokens={num_tokens})")
+
+
 def _bytes_case(windows: Sequence[int | None], kv_heads: int, head_dim: int, dtype_bytes: int,
                 num_tokens: int, label: str) -> Case:
-    shown = windows if len(windows) <= 8 else f"{list(windows[:6])} + {len(windows) - 6} more"
     args = (kv_heads, head_dim, dtype_bytes, num_tokens)
     return Case(
-        f"fn(windows={shown}, kv_heads={kv_heads}, head_dim={head_dim}, "
-        f"dtype_bytes={dtype_bytes}, num_tokens={num_tokens})  # {label}",
+        f"{_bytes_call(windows, *args)}  # {label}",
         lambda fn, w=tuple(windows): fn(list(w), kv_heads, head_dim, dtype_bytes, num_tokens),
         bytes_at(windows, *args), _BYTES_HINT,
         compare=recognising(_bytes_mistakes(windows, *args)))
+
+
+NO_TOKENS = "a request of no tokens has no bytes per token: raise ValueError"
+
+
+def _bytes_raises(windows: Sequence[int | None], kv_heads: int, head_dim: int,
+                  dtype_bytes: int, num_tokens: int, hint: str) -> Case:
+    """A case whose inputs must raise ValueError (as the library does for them)."""
+    return Case(_bytes_call(windows, kv_heads, head_dim, dtype_bytes, num_tokens),
+                lambda fn, w=tuple(windows): fn(list(w), kv_heads, head_dim, dtype_bytes,
+                                                num_tokens),
+                Raises(ValueError), hint)
 
 
 def _bytes_cases() -> list[Case]:
@@ -104,28 +123,44 @@ def _bytes_cases() -> list[Case]:
              for m, n, label in settings]
     cases.append(_bytes_case([None, None], 8, 128, 2, 1000, "no window at all: chapter 01"))
     cases.append(_bytes_case([1, None, 1], 2, 64, 1, 50, "windows of one token, fp8"))
-    bad = "a request of no tokens has no bytes per token: raise ValueError"
-    cases.append(Case("fn(windows=[128, None], kv_heads=8, head_dim=64, dtype_bytes=2, "
-                      "num_tokens=0)", lambda fn: fn([128, None], 8, 64, 2, 0),
-                      Raises(ValueError), bad))
-    cases.append(Case("fn(windows=[0, None], kv_heads=8, head_dim=64, dtype_bytes=2, "
-                      "num_tokens=10)", lambda fn: fn([0, None], 8, 64, 2, 10),
-                      Raises(ValueError), "a window of 0 tokens attends to nothing: raise "
-                      "ValueError naming it"))
+    cases.append(_bytes_raises([128, None], 8, 64, 2, 0, NO_TOKENS))
+    cases.append(_bytes_raises([0, None], 8, 64, 2, 10, "a window of 0 tokens attends to "
+                               "nothing: raise ValueError naming it"))
     return cases
 
 
+def _drawn_layers(rng: random.Random, window: int | None) -> list[int | None]:
+    """2 to 40 layers: runs of 1 to 5 layers of ``window`` between full ones."""
+    pattern = [window] * rng.randint(1, 5) + [None]
+    return [pattern[i % len(pattern)] for i in range(rng.randint(2, 40))]
+
+
+def _drawn_shape(rng: random.Random) -> tuple[int, int, int]:
+    """KV heads, head size and bytes per number."""
+    return rng.choice([1, 2, 4, 8]), rng.choice([64, 128, 256]), rng.choice([1, 2, 4])
+
+
 def _bytes_fresh(seed: int) -> list[Case]:
+    """A drawn window and request lengths about it (shorter, exactly, one past, far past),
+    no window at all, windows of one token, and both kinds of input that must raise."""
     rng = random.Random(seed)
-    cases = []
-    for index in range(3):
-        window = rng.randint(1, 600)
-        pattern = [window] * rng.randint(1, 5) + [None]
-        layers = rng.randint(2, 40)
-        windows = [pattern[i % len(pattern)] for i in range(layers)]
-        tokens = rng.choice([window - 1, window, window + 1, rng.randint(1, 50_000)])
-        cases.append(_bytes_case(windows, rng.choice([1, 2, 4, 8]), rng.choice([64, 128]),
-                                 rng.choice([1, 2, 4]), max(1, tokens), f"drawn {index}"))
+    window = rng.randint(2, 2000)
+    lengths = [(rng.randint(1, window - 1), "shorter than the window"),
+               (window, "exactly the window"), (window + 1, "one past the window"),
+               (rng.randint(2 * window, 200_000), "far past the window")]
+    cases = [_bytes_case(_drawn_layers(rng, window), *_drawn_shape(rng), tokens, label)
+             for tokens, label in lengths]
+    cases.append(_bytes_case([None] * rng.randint(1, 40), *_drawn_shape(rng),
+                             rng.randint(1, 50_000), "no window at all"))
+    cases.append(_bytes_case(_drawn_layers(rng, 1), *_drawn_shape(rng), rng.randint(2, 5000),
+                             "windows of one token"))
+    cases.append(_bytes_raises(_drawn_layers(rng, window), *_drawn_shape(rng),
+                               rng.choice([0, -rng.randint(1, 1000)]), NO_TOKENS))
+    layers = _drawn_layers(rng, window)[:8]  # all shown in the call
+    layers[rng.randrange(len(layers))] = rng.choice([0, -rng.randint(1, 100)])
+    cases.append(_bytes_raises(layers, *_drawn_shape(rng), rng.randint(1, 50_000),
+                               "a window below 1 token attends to nothing: raise ValueError "
+                               "naming it"))
     return cases
 
 
@@ -219,10 +254,20 @@ def _listed(result: Any) -> Any:
     return result
 
 
+def _free_raises(table: Sequence[int], refs: dict[int, int], num_computed: int, window: int,
+                 block_size: int, hint: str) -> Case:
+    """A case whose inputs must raise ValueError (as the library does for them)."""
+    return Case(f"fn(table={list(table)}, ref_counts={refs}, num_computed={num_computed}, "
+                f"window={window}, block_size={block_size})",
+                lambda fn, t=tuple(table), r=dict(refs): fn(list(t), dict(r), num_computed,
+                                                            window, block_size),
+                Raises(ValueError), hint)
+
+
 def _free_cases() -> list[Case]:
     table, refs = [5, 9, 2, 7, 4], {5: 1, 9: 1, 2: 1, 7: 1, 4: 1}
     shared = {5: 2, 9: 2, 2: 1, 7: 1, 4: 1}
-    cases = [
+    return [
         _free_case(table, refs, 18, 8, 4, "the chunk at 18 reads 11..: blocks 0 and 1 go"),
         _free_case(table, refs, 16, 8, 4, "reads 9..: blocks 0 and 1 (positions 0..7) go, "
                    "block 2 (8..11) stays"),
@@ -237,25 +282,67 @@ def _free_cases() -> list[Case]:
                    "stays"),
         _free_case([3, 6, 8], {3: 1, 6: 1, 8: 1}, 40, 9, 16, "a window smaller than a block, "
                    "reading from a block boundary"),
+        _free_raises([5, 9], {5: 1, 9: 1}, 6, 0, 4, "a window of 0 tokens: raise ValueError"),
     ]
-    cases.append(Case("fn(table=[5, 9], ref_counts={5: 1, 9: 1}, num_computed=6, window=0, "
-                      "block_size=4)", lambda fn: fn([5, 9], {5: 1, 9: 1}, 6, 0, 4),
-                      Raises(ValueError), "a window of 0 tokens: raise ValueError"))
-    return cases
+
+
+def _drawn_free(rng: random.Random, num_computed: int, window: int, block_size: int,
+                label: str, *, shared: bool = False, nulls: bool = False) -> Case:
+    """A table with room for the chunk's first token, of drawn block ids; with ``shared``
+    some blocks the window lets go are held by another sequence too, with ``nulls`` the
+    first of them went earlier (null)."""
+    ids = rng.sample(range(1, 100), num_computed // block_size + 1 + rng.randint(0, 2))
+    first = first_needed_block(num_computed, window, block_size)
+    refs = {block: 1 for block in ids}
+    if shared:
+        for block in rng.sample(ids[:first], rng.randint(1, first - 1)):
+            refs[block] = rng.randint(2, 3)
+    if nulls:
+        for index in range(rng.randint(1, first - 1)):
+            del refs[ids[index]]
+            ids[index] = 0
+    return _free_case(ids, refs, num_computed, window, block_size, label,
+                      {"raised": NULL_SKIPPED} if nulls else None)
+
+
+def _drawn_read(rng: random.Random, size: int, blocks: int, offset: int, label: str,
+                **flags: bool) -> Case:
+    """A drawn window whose chunk reads from ``offset`` into logical block ``blocks``."""
+    window = rng.randint(1, 3 * size)
+    return _drawn_free(rng, blocks * size + offset + window - 1, window, size, label, **flags)
 
 
 def _free_fresh(seed: int) -> list[Case]:
+    """The chunk's first read inside a block, on a block boundary, shared blocks, null
+    entries, shorter than the window, a window below a block, and each input that must raise,
+    all drawn."""
     rng = random.Random(seed)
-    cases = []
-    for index in range(3):
-        block_size = rng.choice([1, 2, 4, 16])
-        blocks = rng.randint(1, 12)
-        num_computed = rng.randint(0, blocks * block_size - 1)
-        window = rng.randint(1, 3 * block_size + 2)
-        ids = rng.sample(range(1, 100), blocks)
-        refs = {b: rng.choice([1, 1, 2]) for b in ids}
-        cases.append(_free_case(ids, refs, num_computed, window, block_size, f"drawn {index}"))
-    return cases
+    size = rng.choice([2, 4, 8, 16])
+    short = rng.randint(2, 3 * size)
+    cases = [
+        _drawn_read(rng, size, rng.randint(1, 6), rng.randint(1, size - 1),
+                    "reads from inside a block"),
+        _drawn_read(rng, size, rng.randint(1, 6), 0, "reads from a block boundary"),
+        _drawn_read(rng, size, rng.randint(2, 6), rng.randint(0, size - 1),
+                    "some blocks are shared with another request's prefix", shared=True),
+        _drawn_read(rng, size, rng.randint(2, 6), rng.randint(0, size - 1),
+                    "the first blocks went earlier (null)", nulls=True),
+        _drawn_free(rng, rng.randint(0, short - 1), short, size,
+                    "shorter than the window: nothing goes"),
+        _drawn_free(rng, rng.randint(size, 8 * size), rng.randint(1, size - 1), size,
+                    "a window smaller than a block"),
+    ]
+    table = rng.sample(range(1, 100), rng.randint(1, 6))
+    refs = {block: 1 for block in table}
+    computed = rng.randint(0, len(table) * size - 1)
+    return [*cases,
+            _free_raises(table, refs, computed, rng.choice([0, -rng.randint(1, 50)]), size,
+                         "a window below 1 token: raise ValueError"),
+            _free_raises(table, refs, computed, rng.randint(1, 3 * size),
+                         rng.choice([0, -rng.randint(1, 16)]),
+                         "a block size below 1: raise ValueError"),
+            _free_raises(table, refs, -rng.randint(1, 50), rng.randint(1, 3 * size), size,
+                         "a negative num_computed: raise ValueError")]
 
 
 # --- exercise 3: the prefix hit across groups --------------------------------------------------
@@ -342,17 +429,64 @@ def _hit_cases() -> list[Case]:
     ]
 
 
+def _needed_only(blocks: int, first: int) -> list[bool]:
+    """A window group's flags that hold blocks ``first`` .. ``blocks - 1`` and no earlier one."""
+    return [index >= first for index in range(blocks)]
+
+
+def _hit_all_cached(rng: random.Random, size: int) -> Case:
+    """Every block cached and the prompt an exact number of blocks: the last one is not hit."""
+    blocks = rng.randint(2, 10)
+    windows = [None, rng.randint(1, 3 * size), *([1] * rng.randint(0, 1))]
+    return _hit_case([[True] * blocks for _ in windows], windows, size, blocks * size,
+                     "everything cached, the prompt a whole number of blocks")
+
+
+def _hit_window_needs(rng: random.Random, size: int) -> Case:
+    """The window group holds exactly the blocks of the W - 1 positions before the hit; W - 1
+    is a whole number of blocks, so a window of W positions would need one more."""
+    blocks = rng.randint(3, 10)
+    behind = min(rng.randint(1, 2), blocks - 2)
+    window = 1 + behind * size
+    return _hit_case([[True] * blocks, _needed_only(blocks, blocks - behind)], [None, window],
+                     size, blocks * size + rng.randint(1, size),
+                     "the window group kept only the blocks the hit needs")
+
+
+def _hit_no_common(rng: random.Random, size: int) -> Case:
+    """The full group serves up to k1 blocks, the window group only a longer hit: no k both."""
+    blocks = rng.randint(4, 10)
+    window = rng.randint(2, min(3 * size, (blocks - 1) * size))
+    first = first_needed_block(blocks * size, window, size)
+    served = rng.randint(1, first)
+    full = [index != served and (index < served or rng.random() < 0.7)
+            for index in range(blocks)]
+    return _hit_case([full, _needed_only(blocks, first)], [None, window], size,
+                     blocks * size + rng.randint(1, size),
+                     "each group serves a hit of its own, but no k both")
+
+
+def _hit_drawn(rng: random.Random, size: int, windows: list[int | None], label: str) -> Case:
+    """Drawn flags, most blocks cached, for groups of ``windows``."""
+    num_tokens = rng.randint(1, 12 * size)
+    blocks = max(num_tokens - 1, 0) // size
+    cached = [[rng.random() < 0.85 for _ in range(blocks)] for _ in windows]
+    return _hit_case(cached, windows, size, num_tokens, label)
+
+
 def _hit_fresh(seed: int) -> list[Case]:
+    """Everything cached, a window group holding just what the hit needs, groups with hits
+    of their own but none in common, and drawn flags (a full group with window groups, and
+    window groups alone)."""
     rng = random.Random(seed)
-    cases = []
-    for index in range(3):
-        block_size = rng.choice([2, 4, 8])
-        num_tokens = rng.randint(1, 12 * block_size)
-        blocks = max(num_tokens - 1, 0) // block_size
-        windows = [None] + [rng.randint(1, 3 * block_size) for _ in range(rng.randint(1, 2))]
-        cached = [[rng.random() < 0.85 for _ in range(blocks)] for _ in windows]
-        cases.append(_hit_case(cached, windows, block_size, num_tokens, f"drawn {index}"))
-    return cases
+    size = rng.choice([2, 4, 8])
+    return [
+        _hit_all_cached(rng, size), _hit_window_needs(rng, size), _hit_no_common(rng, size),
+        _hit_drawn(rng, size, [None, *(rng.randint(1, 3 * size)
+                                       for _ in range(rng.randint(1, 2)))], "drawn flags"),
+        _hit_drawn(rng, size, [rng.randint(1, 3 * size) for _ in range(rng.randint(1, 2))],
+                   "only window groups, drawn flags"),
+    ]
 
 
 # --- exercise 4: the decode kernel with a window ------------------------------------------------
@@ -462,15 +596,37 @@ def _window_cases() -> list[Case]:
             for i, (label, hq, hkv, b, lens, w, kw) in enumerate(_WINDOW_SETTINGS)]
 
 
+def _drawn_window(rng: random.Random, label: str, below_block: bool,
+                  **options: Any) -> Case:
+    """Drawn heads, block size and window (below a block, or not a multiple of one), for one
+    sequence longer than the window by more than a block, its window starting inside a
+    block, one no longer than the window, and maybe one more; ``options`` go to
+    :func:`window_inputs`."""
+    kv_heads, size = rng.choice([1, 2]), rng.choice([4, 8, 16])
+    window = (rng.randint(1, size - 1) if below_block else
+              rng.randint(1, 3) * size + rng.randint(1, size - 1))
+    longer = window + size + rng.randint(1, 24)
+    longer += (longer - window) % size == 0
+    lens = [longer, rng.randint(1, window), *(rng.randint(1, 60)
+                                              for _ in range(rng.randint(0, 1)))]
+    rng.shuffle(lens)
+    inputs = window_inputs(kv_heads * rng.choice([1, 3, 4]), kv_heads, size, lens, window,
+                           seed=rng.randint(0, 10_000), **options)
+    return _window_case(inputs, window, f"drawn: {label}")
+
+
 def _window_fresh(seed: int) -> list[Case]:
+    """A table that still holds the blocks before the window, a window that starts inside a
+    block, and a window below a block in float16, all drawn; small, as the interpreter runs
+    them on a CPU."""
     rng = random.Random(seed)
-    kv_heads = rng.choice([1, 2])
-    block_size = rng.choice([4, 8, 16])
-    lens = [rng.randint(1, 60) for _ in range(rng.randint(1, 3))]
-    window = rng.randint(1, 70)
-    inputs = window_inputs(kv_heads * rng.choice([1, 3, 4]), kv_heads, block_size, lens, window,
-                           seed=rng.randint(0, 10_000))
-    return [_window_case(inputs, window, "drawn")]
+    return [
+        _drawn_window(rng, "a table that still holds the blocks before the window", False,
+                      null_before=False),
+        _drawn_window(rng, "a window that starts inside a block", False),
+        _drawn_window(rng, "a window smaller than a block, float16", True,
+                      dtype=torch.float16),
+    ]
 
 
 # --- registry ------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ always on the grader's side: a case's ``run`` replays a script of calls on the l
 object and returns what each call gave back, as plain data, and captures nothing computed
 from the answer key. A wrong value that a known slip gives (a ring of ``hash % N``, tier hits
 left out, ...) is named by that slip's hint (``recognising``), computed on the grader's side
-too. ``FRESH`` holds each exercise's seeded cases (inputs drawn from
-``random.Random(seed)``).
+too. ``FRESH`` holds each exercise's seeded cases: inputs drawn from ``random.Random(seed)``
+for every kind of fixed case (each behaviour, each input that must raise).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from typing import Any
 
 from course_lib.grading.check import (
@@ -98,56 +97,130 @@ def _store_case(capacity: int, script: Sequence[Op], hint: str,
                 _expected_store(capacity, script), hint, strict_equal, hints or {})
 
 
+MRU = "a store that drops the newest is MRU, not LRU"
+LRU_BYTES_FREED = "drop only as many entries as the bytes need: each drop frees its bytes"
+LRU_GET = "get() on a hit makes the entry the most recently used"
+LRU_EXACT = ("exactly capacity bytes fit: drop entries only while MORE than the capacity is "
+             "used (used() > capacity, not >=)")
+LRU_IN_BYTES = "the cap is in bytes, whatever the entries weigh: a cap counted in entries is wrong"
+LRU_OVERSIZE = ("an entry larger than the whole capacity is not stored (put returns []) and "
+                "nothing is dropped for it; get() of a missing key is False")
+LRU_REFRESH = ("putting a key already held refreshes it (most recent, its bytes counted once), "
+               "so the entry stored after it is the one dropped")
+LRU_EMPTY = "a store of capacity 0 holds nothing"
+
+
 def _lru_cases() -> list[Case]:
     return [
         _store_case(100, [("put", "a", 40), ("put", "b", 40), ("keys",), ("used",),
                           ("put", "c", 40), ("keys",), ("used",)],
-                    "drop only as many entries as the bytes need: each drop frees its bytes "
-                    "(here one, 'a', is enough)",
-                    {"put('c', 40)[0]": "the least recently used entry goes first: 'a', stored "
-                                        "before 'b'; a store that drops the newest is MRU, not "
-                                        "LRU"}),
+                    f"{LRU_BYTES_FREED} (here one, 'a', is enough)",
+                    {"put('c', 40)[0]": "the least recently used entry goes first: 'a', "
+                                        f"stored before 'b'; {MRU}"}),
         _store_case(100, [("put", "a", 30), ("put", "b", 30), ("put", "c", 30),
                           ("get", "a"), ("put", "d", 30), ("keys",)],
-                    "get() on a hit makes the entry the most recently used, so 'b', not "
-                    "'a', is dropped; a store that drops the newest is MRU, not LRU"),
+                    f"{LRU_GET}, so 'b', not 'a', is dropped; {MRU}"),
         _store_case(100, [("put", "a", 50), ("put", "b", 50), ("keys",), ("used",),
-                          ("put", "c", 1), ("keys",)],
-                    "exactly capacity bytes fit: drop entries only while MORE than the "
-                    "capacity is used (used() > capacity, not >=)"),
+                          ("put", "c", 1), ("keys",)], LRU_EXACT),
         _store_case(100, [("put", "big", 60), ("put", "s1", 10), ("put", "s2", 10),
                           ("put", "s3", 10), ("put", "s4", 10), ("put", "s5", 10),
                           ("keys",), ("used",)],
                     "the cap is in bytes: 100 bytes hold 'big' (60) and four entries of 10, "
                     "so the fifth drops 'big'; a cap counted in entries is wrong"),
         _store_case(50, [("put", "a", 20), ("put", "huge", 80), ("keys",), ("used",),
-                         ("get", "huge"), ("get", "zzz")],
-                    "an entry larger than the whole capacity is not stored (put returns "
-                    "[]) and nothing is dropped for it; get() of a missing key is False"),
+                         ("get", "huge"), ("get", "zzz")], LRU_OVERSIZE),
         _store_case(60, [("put", "a", 20), ("put", "b", 20), ("put", "a", 20),
                          ("put", "c", 30), ("keys",), ("used",)],
                     "putting a key already held refreshes it (most recent, its bytes "
                     "counted once), so 'b' is the one dropped"),
-        _store_case(0, [("put", "a", 1), ("keys",), ("used",)],
-                    "a store of capacity 0 holds nothing"),
+        _store_case(0, [("put", "a", 1), ("keys",), ("used",)], LRU_EMPTY),
     ]
 
 
+def _drawn_keys(rng: random.Random, count: int) -> list[str]:
+    """``count`` distinct keys such as ``'k17'``."""
+    return [f"k{n}" for n in rng.sample(range(100), count)]
+
+
+def _lru_order(rng: random.Random) -> Case:
+    """Three entries, a get of the oldest, then one that needs exactly one drop: the second."""
+    capacity = rng.randrange(60, 200)
+    a, b, c, d, e = _drawn_keys(rng, 5)
+    sizes = [rng.randint(capacity // 5, capacity // 3) for _ in range(3)]
+    last = rng.randint(capacity - sum(sizes) + 1, capacity - sizes[0] - sizes[2])
+    script = [("put", a, sizes[0]), ("put", b, sizes[1]), ("put", c, sizes[2]), ("get", a),
+              ("put", d, last), ("keys",), ("used",), ("get", b), ("get", e)]
+    return _store_case(capacity, script, f"{LRU_GET}, so the second entry stored is the one "
+                                         f"dropped; {MRU}; {LRU_BYTES_FREED}")
+
+
+def _lru_exact(rng: random.Random) -> Case:
+    """Entries that fill the capacity exactly, then one more byte or a few."""
+    capacity = rng.randrange(20, 150)
+    cuts = sorted(rng.sample(range(1, capacity), rng.randint(1, 3)))
+    sizes = [hi - lo for lo, hi in zip([0, *cuts], [*cuts, capacity], strict=True)]
+    keys = _drawn_keys(rng, len(sizes) + 1)
+    script: list[Op] = [("put", k, n) for k, n in zip(keys, sizes, strict=False)]
+    script += [("keys",), ("used",), ("put", keys[-1], rng.randint(1, min(sizes))), ("keys",)]
+    return _store_case(capacity, script, LRU_EXACT)
+
+
+def _lru_in_bytes(rng: random.Random) -> Case:
+    """A big entry, then small ones until the bytes, not the count, push it out."""
+    capacity = rng.randrange(50, 200)
+    big = rng.randint(capacity // 2 + 1, capacity * 3 // 4)
+    small = rng.randint(max(1, (capacity - big) // 5), max(1, (capacity - big) // 3))
+    keys = _drawn_keys(rng, (capacity - big) // small + 2)
+    script: list[Op] = [("put", keys[0], big), *(("put", k, small) for k in keys[1:])]
+    return _store_case(capacity, [*script, ("keys",), ("used",)], LRU_IN_BYTES)
+
+
+def _lru_oversize(rng: random.Random) -> Case:
+    """An entry larger than the whole capacity, next to one that fits."""
+    capacity = rng.randrange(10, 150)
+    small, huge, missing = _drawn_keys(rng, 3)
+    script = [("put", small, rng.randint(1, capacity)),
+              ("put", huge, capacity + rng.randint(1, 100)), ("keys",), ("used",),
+              ("get", huge), ("get", missing)]
+    return _store_case(capacity, script, LRU_OVERSIZE)
+
+
+def _lru_refresh(rng: random.Random) -> Case:
+    """Two entries, the first put again, then one that needs exactly one drop: the second."""
+    capacity = rng.randrange(30, 150)
+    a, b, c = _drawn_keys(rng, 3)
+    size_a = rng.randint(1, capacity // 3)
+    size_b = rng.randint(1, capacity - size_a)
+    script = [("put", a, size_a), ("put", b, size_b), ("put", a, size_a),
+              ("put", c, rng.randint(capacity - size_a - size_b + 1, capacity - size_a)),
+              ("keys",), ("used",)]
+    return _store_case(capacity, script, LRU_REFRESH)
+
+
+def _lru_empty(rng: random.Random) -> Case:
+    (key,) = _drawn_keys(rng, 1)
+    return _store_case(0, [("put", key, rng.randint(1, 100)), ("keys",), ("used",),
+                           ("get", key)], LRU_EMPTY)
+
+
+def _lru_script(rng: random.Random) -> Case:
+    """A drawn script of puts, gets and reads on a few keys."""
+    capacity = rng.randrange(20, 120)
+    script: list[Op] = []
+    for _ in range(rng.randrange(8, 20)):
+        key = rng.choice("abcdefg")
+        kind = rng.choice(["put", "put", "get", "keys", "used"])
+        script.append(("put", key, rng.randrange(1, 50)) if kind == "put"
+                      else ("get", key) if kind == "get" else (kind,))
+    return _store_case(capacity, [*script, ("keys",)], "a drawn script: LRU order, byte cap, "
+                                                       "oversize entries not stored")
+
+
 def _fresh_lru(seed: int) -> list[Case]:
+    """One drawn case of each kind the fixed cases hold, and a drawn script."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(3):
-        capacity = rng.randrange(20, 120)
-        script: list[Op] = []
-        for _ in range(rng.randrange(8, 20)):
-            key = rng.choice("abcdefg")
-            kind = rng.choice(["put", "put", "get", "keys", "used"])
-            script.append(("put", key, rng.randrange(1, 50)) if kind == "put"
-                          else ("get", key) if kind == "get" else (kind,))
-        script.append(("keys",))
-        cases.append(_store_case(capacity, script, "a drawn script: LRU order, byte cap, "
-                                                   "oversize entries not stored"))
-    return cases
+    return [draw(rng) for draw in (_lru_order, _lru_exact, _lru_in_bytes, _lru_oversize,
+                                   _lru_refresh, _lru_empty, _lru_script)]
 
 
 # --- 09.hash_ring: consistent hashing ----------------------------------------------------
@@ -218,13 +291,31 @@ def _ring_case(vnodes: int, first: int, joining: int, keys: Sequence[str], hint:
         recognising(_ring_mistakes(vnodes, first, joining, keys), strict_equal))
 
 
-def _ring_errors(cls: Any, what: str) -> Any:
-    ring = cls(4)
-    if what == "empty":
-        return ring.lookup("session 1")
-    ring.add(0)
-    ring.add(0)
-    return None
+def _lookup_empty(cls: Any, vnodes: int, key: str) -> Any:
+    return cls(vnodes).lookup(key)
+
+
+def _add_twice(cls: Any, vnodes: int, replicas: Sequence[int]) -> None:
+    ring = cls(vnodes)
+    for replica in replicas:
+        ring.add(replica)
+
+
+RING_EMPTY = "an empty ring has no owner for any key: raise ValueError"
+RING_TWICE = "a replica already on the ring: raise ValueError"
+
+
+def _empty_case(vnodes: int, key: str) -> Case:
+    return _case(f"Ring({vnodes}).lookup({key!r}) on an empty ring",
+                 lambda cls, v=vnodes, k=key: _lookup_empty(cls, v, k), Raises(ValueError),
+                 RING_EMPTY)
+
+
+def _twice_case(vnodes: int, replicas: Sequence[int]) -> Case:
+    """Add ``replicas`` in turn, the last one already among them."""
+    return _case("; ".join(f"ring.add({r})" for r in replicas),
+                 lambda cls, v=vnodes, r=tuple(replicas): _add_twice(cls, v, r),
+                 Raises(ValueError), RING_TWICE)
 
 
 def _ring_cases() -> list[Case]:
@@ -236,20 +327,41 @@ def _ring_cases() -> list[Case]:
         _ring_case(64, 7, 7, KEYS, "replica 7 joins 7 others: about 1/8 of the keys move, "
                    "all of them to replica 7"),
         _ring_case(8, 2, 9, KEYS[:40], "replica ids need not be consecutive"),
-        _case("Ring(4).lookup('session 1') on an empty ring",
-              lambda cls: _ring_errors(cls, "empty"), Raises(ValueError),
-              "an empty ring has no owner for any key: raise ValueError"),
-        _case("ring.add(0); ring.add(0)", lambda cls: _ring_errors(cls, "twice"),
-              Raises(ValueError), "a replica already on the ring: raise ValueError"),
+        _empty_case(4, "session 1"),
+        _twice_case(4, [0, 0]),
     ]
 
 
+def _drawn_ring(rng: random.Random, vnodes: int, first: int, joining: int, hint: str) -> Case:
+    """A replay on drawn keys: a dozen, then more until the recognised slips change what it
+    gives: with one point per replica the slips of the lookup (hash % N, no wrap, the point
+    before), with more the slips of the ring (hash % N, one point per replica)."""
+    keys = [f"user {rng.randrange(10**9)}" for _ in range(12)]
+    slips = (0, 1, 2) if vnodes == 1 else (0, 3)
+    while any(_ring_mistakes(vnodes, first, joining, keys)[slip][0]
+              == _expected_ring(vnodes, first, joining, keys) for slip in slips):
+        keys.append(f"user {rng.randrange(10**9)}")
+    return _ring_case(vnodes, first, joining, keys, hint)
+
+
 def _fresh_ring(seed: int) -> list[Case]:
+    """One point per replica (keys past the last point wrap), virtual points with the next
+    replica joining, a replica id further on, and both errors, all drawn."""
     rng = random.Random(seed)
-    keys = [f"user {rng.randrange(10**9)}" for _ in range(60)]
-    return [_ring_case(rng.randrange(1, 40), first, rng.randrange(first, first + 5), keys,
-                       "drawn replicas and keys")
-            for first in (rng.randrange(1, 6), rng.randrange(6, 12))]
+    first, many, gap = rng.randint(2, 4), rng.randint(3, 7), rng.randint(2, 5)
+    replicas = rng.sample(range(50), rng.randint(1, 4))
+    return [
+        _drawn_ring(rng, 1, first, first + rng.randint(0, 3), "one point per replica: a key "
+                    "goes to the first point at or after its position, wrapping past the end "
+                    "to the first"),
+        _drawn_ring(rng, rng.randrange(8, 40), many, many, "with virtual points; after the "
+                    "join only keys that now belong to the new replica may move (hash % N "
+                    "moves almost all)"),
+        _drawn_ring(rng, rng.randrange(4, 40), gap, gap + rng.randint(2, 20), "replica ids "
+                    "need not be consecutive"),
+        _empty_case(rng.randrange(1, 40), f"user {rng.randrange(10**9)}"),
+        _twice_case(rng.randrange(1, 40), [*replicas, rng.choice(replicas)]),
+    ]
 
 
 # --- 09.prefix_scorer: hits against load ---------------------------------------------------
@@ -278,6 +390,15 @@ def _scorer_case(chain: Sequence[str], held: Sequence[Sequence[str]], loads: Seq
                  _expected_choice(chain, held, loads, block_size, penalty), hint)
 
 
+SCORER_LOAD = ("the score is hit tokens less load_penalty x load: a replica that saves more "
+               "tokens than its load costs wins; a scorer that ignores load picks the one with "
+               "the most hits")
+SCORER_ONLY_LEADING = ("only the leading blocks count: a replica that lacks the first block "
+                       "would find nothing cached, whatever else it holds")
+SCORER_TIE = "equal scores: the less loaded wins, then the lower index"
+SCORER_TOKENS = "hits are in tokens: blocks x block_size, then less the load penalty"
+
+
 def _scorer_cases() -> list[Case]:
     c = _chain(6)
     return [
@@ -292,27 +413,81 @@ def _scorer_cases() -> list[Case]:
         _scorer_case(c, [c[1:], c[:1], []], [0, 0, 0], 16, 1.0,
                      "only the leading blocks count: replica 0 holds five blocks but not "
                      "the first, so it would find nothing cached"),
-        _scorer_case(c, [c[:3], c[:3], c[:3]], [2, 1, 1], 16, 0.0,
-                     "equal scores: the less loaded wins, then the lower index"),
+        _scorer_case(c, [c[:3], c[:3], c[:3]], [2, 1, 1], 16, 0.0, SCORER_TIE),
         _scorer_case(c, [c[:4], c[:2]], [3, 0], 4, 2.0,
                      "hits are in tokens: 4 blocks of 4 is 16 tokens, less 6 for the load, "
                      "is 10 > 8"),
     ]
 
 
+def _placed(rng: random.Random, held: list[list[str]], loads: list[int]
+            ) -> tuple[list[list[str]], list[int]]:
+    """The replicas in a drawn order."""
+    order = rng.sample(range(len(held)), len(held))
+    return [held[r] for r in order], [loads[r] for r in order]
+
+
+def _scorer_load(rng: random.Random) -> Case:
+    """The replica with the most hits is loaded past what they save."""
+    chain, size = _chain(rng.randint(3, 8)), rng.choice([4, 16, 32])
+    fewer, light = rng.randint(0, len(chain) - 2), rng.randint(0, 2)
+    heavy = light + rng.randint(1, 5)
+    penalty = (len(chain) - fewer) * size / (heavy - light) + rng.choice([1.0, 2.5, 8.0])
+    held, loads = _placed(rng, [chain, chain[:fewer]], [heavy, light])
+    return _scorer_case(chain, held, loads, size, penalty, SCORER_LOAD)
+
+
+def _scorer_leading(rng: random.Random) -> Case:
+    """One replica holds every block but the first, another a short leading run."""
+    chain = _chain(rng.randint(4, 9))
+    held, loads = _placed(rng, [chain[1:], chain[:rng.randint(1, len(chain) - 2)], []],
+                          [rng.randint(0, 3)] * 3)
+    return _scorer_case(chain, held, loads, rng.choice([4, 16, 32]),
+                        rng.choice([0.0, 1.0, 4.0]), SCORER_ONLY_LEADING)
+
+
+def _scorer_tie(rng: random.Random) -> Case:
+    """Equal hits and no penalty: the two least loaded (never replica 0) tie on load too."""
+    chain, replicas = _chain(rng.randint(2, 8)), rng.randint(3, 5)
+    loads = [rng.randint(2, 10) for _ in range(replicas)]
+    for replica in rng.sample(range(1, replicas), 2):
+        loads[replica] = 1
+    prefix = chain[:rng.randint(0, len(chain))]
+    return _scorer_case(chain, [prefix] * replicas, loads, rng.choice([4, 16, 32]), 0.0,
+                        SCORER_TIE)
+
+
+def _scorer_tokens(rng: random.Random) -> Case:
+    """More blocks against less load, with a penalty between a block's worth and a block's
+    tokens: counted in tokens the blocks win, counted in blocks the load."""
+    size, chain = rng.choice([4, 16, 32]), _chain(rng.randint(3, 9))
+    fewer = rng.randint(0, len(chain) - 1)
+    more = rng.randint(fewer + 1, len(chain))
+    light = rng.randint(0, 3)
+    heavy = light + rng.randint(1, 4)
+    penalty = (more - fewer) * (size + 1) / (2 * (heavy - light))
+    held, loads = _placed(rng, [chain[:more], chain[:fewer], []],
+                          [heavy, light, heavy + rng.randint(0, 3)])
+    return _scorer_case(chain, held, loads, size, penalty, SCORER_TOKENS)
+
+
+def _scorer_drawn(rng: random.Random) -> Case:
+    """Drawn replicas: leading runs, stray blocks, loads and a penalty."""
+    chain = _chain(rng.randrange(1, 10))
+    replicas = rng.randrange(2, 6)
+    held = [chain[: rng.randrange(0, len(chain) + 1)]
+            + [f"x{rng.randrange(5)}" for _ in range(rng.randrange(3))]
+            for _ in range(replicas)]
+    loads = [rng.randrange(0, 12) for _ in range(replicas)]
+    return _scorer_case(chain, held, loads, rng.choice([4, 16, 32]),
+                        rng.choice([0.0, 1.0, 8.0, 64.0, 1000.0]), "drawn replicas")
+
+
 def _fresh_scorer(seed: int) -> list[Case]:
+    """One drawn case of each kind the fixed cases hold, and two of drawn replicas."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(4):
-        chain = _chain(rng.randrange(1, 10))
-        replicas = rng.randrange(2, 6)
-        held = [[h for h in chain[: rng.randrange(0, len(chain) + 1)]]
-                + [f"x{rng.randrange(5)}" for _ in range(rng.randrange(3))]
-                for _ in range(replicas)]
-        loads = [rng.randrange(0, 12) for _ in range(replicas)]
-        cases.append(_scorer_case(chain, held, loads, rng.choice([4, 16, 32]),
-                                  rng.choice([0.0, 1.0, 8.0, 64.0]), "drawn replicas"))
-    return cases
+    return [draw(rng) for draw in (_scorer_load, _scorer_leading, _scorer_tie, _scorer_tokens,
+                                   _scorer_drawn, _scorer_drawn)]
 
 
 # --- 09.choose_tier: reading the metrics --------------------------------------------------
@@ -405,17 +580,76 @@ def _tier_cases() -> list[Case]:
     ]
 
 
+MULTIPLES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+"""The tier sizes a drawn study may hold, as multiples of the GPU cache."""
+
+
+def _rated(queries: int, gpu_rate: float, tier_rate: float) -> dict[str, int]:
+    """A run's counters for these hit rates."""
+    return _row(queries, round(gpu_rate * queries), round(tier_rate * queries))
+
+
+def _tier_gain(rng: random.Random) -> Case:
+    """The same GPU hits and queries in every run, tier hits growing with the tier, and a
+    base rate so high that any share of the best RATE is reached without a tier."""
+    queries, base = rng.randrange(1000, 5000), rng.uniform(0.5, 0.7)
+    multiples = sorted(rng.sample(MULTIPLES, rng.randint(2, 4)))
+    gains = sorted(rng.uniform(0.01, 0.1) for _ in multiples)
+    study = {0.0: _rated(queries, base, 0.0)} | {
+        m: _rated(queries, base, g) for m, g in zip(multiples, gains, strict=True)}
+    return _tier_case(study, rng.choice([0.5, 0.8]), f"{TIER_HITS}; {TIER_GAIN}")
+
+
+def _tier_order(rng: random.Random) -> Case:
+    """Gains that all reach half the best, the rows from the largest tier down."""
+    multiples = sorted(rng.sample(MULTIPLES, rng.randint(2, 4)), reverse=True)
+    best, base = rng.uniform(0.05, 0.15), rng.uniform(0.3, 0.7)
+    gains = [best, *sorted((rng.uniform(0.6, 1.0) * best for _ in multiples[1:]),
+                           reverse=True)]
+    study = {m: _rated(rng.randrange(1000, 5000), base, g)
+             for m, g in zip(multiples, gains, strict=True)}
+    return _tier_case(study | {0.0: _rated(rng.randrange(1000, 5000), base, 0.0)}, 0.5,
+                      TIER_ORDER)
+
+
+def _tier_rates(rng: random.Random) -> Case:
+    """A smaller tier whose run answered two or three times the queries: more hits, a
+    smaller gain in rate."""
+    queries, base = rng.randrange(800, 3000), rng.uniform(0.5, 0.7)
+    small, large = sorted(rng.sample(MULTIPLES, 2))
+    top = rng.uniform(0.08, 0.15)
+    study = {0.0: _rated(queries, base, 0.0),
+             small: _rated(queries * rng.choice([2, 3]), base, rng.uniform(0.2, 0.5) * top),
+             large: _rated(queries, base, top)}
+    return _tier_case(study, 0.9, TIER_PER_QUERY)
+
+
+def _tier_none(rng: random.Random) -> Case:
+    """No run beats the one without a tier."""
+    queries = rng.randrange(500, 5000)
+    study = {0.0: _row(queries, rng.randrange(queries // 4, queries), 0)}
+    base = study[0.0]["prefix_cache_hits"] / queries
+    for multiple in rng.sample(MULTIPLES, rng.randint(1, 3)):
+        other = rng.randrange(500, 5000)
+        study[multiple] = _row(other, int(base * other * rng.uniform(0.8, 1.0)), 0)
+    return _tier_case(study, rng.choice([0.5, 0.8, 0.9]), "no tier gains anything: choose 0")
+
+
+def _tier_drawn(rng: random.Random) -> Case:
+    """A drawn study: any queries and hits, any share."""
+    study = {0.0: _row(q := rng.randrange(500, 5000), rng.randrange(0, q), 0)}
+    for multiple in rng.sample(MULTIPLES, rng.randrange(1, 5)):
+        q = rng.randrange(500, 5000)
+        gpu = rng.randrange(0, q)
+        study[multiple] = _row(q, gpu, rng.randrange(0, q - gpu + 1))
+    return _tier_case(study, rng.choice([0.5, 0.8, 0.9, 1.0]), "a drawn study")
+
+
 def _fresh_tier(seed: int) -> list[Case]:
+    """One drawn study of each kind the fixed cases hold, and one of any shape."""
     rng = random.Random(seed)
-    cases = []
-    for _ in range(3):
-        study = {0.0: _row(q := rng.randrange(500, 5000), rng.randrange(0, q), 0)}
-        for multiple in rng.sample([0.5, 1.0, 2.0, 4.0, 8.0, 16.0], rng.randrange(1, 5)):
-            q = rng.randrange(500, 5000)
-            gpu = rng.randrange(0, q)
-            study[multiple] = _row(q, gpu, rng.randrange(0, q - gpu + 1))
-        cases.append(_tier_case(study, rng.choice([0.5, 0.8, 0.9, 1.0]), "a drawn study"))
-    return cases
+    return [draw(rng) for draw in (_tier_gain, _tier_order, _tier_rates, _tier_none,
+                                   _tier_drawn)]
 
 
 # --- registry ----------------------------------------------------------------------------
@@ -426,14 +660,10 @@ FRESH: dict[str, Callable[[int], Sequence[Case]]] = {
 }
 """Each exercise's seeded cases (the grader draws the seed per run)."""
 
-_HAS_FRESH = "fresh" in {f.name for f in fields(Exercise)}
-
-
 def _exercise(name: str, title: str, cases: Callable[[], Sequence[Case]],
               reference: tuple[str, ...]) -> Exercise:
-    """An exercise with its fresh cases, where ``Exercise`` takes them (issue 19's grader)."""
-    extra = {"fresh": FRESH[name]} if _HAS_FRESH else {}
-    return Exercise(name, title, cases, reference, **extra)
+    """An exercise with its fresh cases."""
+    return Exercise(name, title, cases, reference, fresh=FRESH[name])
 
 
 EXERCISES = (

@@ -30,7 +30,8 @@ def bytes_at_length(mistake: str = "") -> Any:
     """The notebook's design, with ``mistake`` switched on (empty: none)."""
     def fn(windows: list[int | None], kv_heads: int, head_dim: int, dtype_bytes: int,
            num_tokens: int) -> float:
-        if num_tokens < 1 or any(w is not None and w < 1 for w in windows):
+        if mistake != "no_check" and (
+                num_tokens < 1 or any(w is not None and w < 1 for w in windows)):
             raise ValueError(f"bad num_tokens={num_tokens} or windows={windows}")
         kept = 0
         for window in windows:
@@ -64,7 +65,7 @@ def window_free(mistake: str = "") -> Any:
     """The notebook's design, with ``mistake`` switched on (empty: none)."""
     def fn(table: list[int], ref_counts: dict[int, int], num_computed: int, window: int,
            block_size: int) -> tuple[list[int], list[int]]:
-        if window < 1 or block_size < 1 or num_computed < 0:
+        if mistake != "no_check" and (window < 1 or block_size < 1 or num_computed < 0):
             raise ValueError("bad input")
         reads_from = num_computed - window + (0 if mistake == "off_by_one" else 1)
         first = max(0, reads_from) // block_size
@@ -90,7 +91,7 @@ def window_free(mistake: str = "") -> Any:
 def window_free_by_positions(table: list[int], ref_counts: dict[int, int], num_computed: int,
                              window: int, block_size: int) -> tuple[list[int], list[int]]:
     """Another design: a block goes when its last position is before the first read."""
-    if window < 1 or block_size < 1:
+    if window < 1 or block_size < 1 or num_computed < 0:
         raise ValueError("bad input")
     first_read = num_computed - window + 1
     gone = [i for i, b in enumerate(table) if b and (i + 1) * block_size - 1 < first_read]
@@ -270,6 +271,8 @@ MUTANTS = [
     Mutant(BYTES, "the request's total, not per token", bytes_at_length("total"),
            "divide the request's total bytes by L"),
     Mutant(BYTES, "keys only, no values", bytes_at_length("k_only"), "a key AND a value"),
+    Mutant(BYTES, "no check of the inputs", bytes_at_length("no_check"),
+           "no bytes per token: raise ValueError"),
     Mutant(FREE, "the chunk reads from num_computed - window (a window off by one)",
            window_free("off_by_one"), "a window off by one"),
     Mutant(FREE, "ceil for floor at a block boundary", window_free("ceil"), "not ceil"),
@@ -281,6 +284,8 @@ MUTANTS = [
            "the table keeps its length"),
     Mutant(FREE, "the null entries not skipped", window_free("no_null_skip"),
            "entries already 0 are the null block"),
+    Mutant(FREE, "no check of the inputs", window_free("no_check"),
+           "a window of 0 tokens: raise ValueError"),
     Mutant(HIT, "a hit that satisfies only the full group", prefix_hit("full_only"),
            "every group must serve the hit"),
     Mutant(HIT, "the window group needs W positions before k x block_size",
