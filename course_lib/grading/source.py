@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import re
 import resource
@@ -162,7 +163,8 @@ async def read_isolated(data: bytes, names: Iterable[str]) -> Reading:
     try:
         out, _ = await asyncio.wait_for(process.communicate(data), READ_SECONDS)
     except TimeoutError:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):  # it may end as the clock runs out
+            process.kill()
         await process.wait()
         raise NotANotebook(f"reading its code took over {READ_SECONDS:g} s") from None
     try:
