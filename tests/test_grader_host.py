@@ -105,6 +105,26 @@ ATTACKS = {
             time.sleep(0.05)
         found = False
         """,
+    "frames": """
+        import time
+        kernel = get_ipython().kernel
+        big = memoryview(bytearray(16 << 20))  # one message of 24 frames of 16 MB each
+        kernel.session.send(kernel.stdin_socket, "input_request", content={"prompt": ""},
+                            parent=kernel.get_parent(), ident=kernel._parent_ident["shell"],
+                            buffers=[big] * 24)
+        time.sleep(3)
+        found = False
+        """,
+    "amplifier": """
+        import time
+        kernel = get_ipython().kernel
+        count = (15 << 20) // 5  # 3 million one-letter strings: 15 MB, 260 MB parsed
+        body = ('{"name": "stdout", "text": [' + '"\u0100",' * (count - 1) + '"\u0100"]}')
+        kernel.session.send(kernel.iopub_socket, "stream", content=body.encode(),
+                            parent=kernel.get_parent())
+        time.sleep(5)
+        found = False
+        """,
     "redirect": """
         import json, os, socket, time
         from ipykernel.kernelapp import IPKernelApp

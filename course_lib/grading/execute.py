@@ -21,7 +21,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,34 +127,41 @@ _READ = frozenset({"status", "execute_input", "execute_reply", "kernel_info_repl
                    "shutdown_reply", "stream", "error"})
 """The only messages whose content the grader parses: the rest are counted, never read."""
 
-MAX_CONTAINERS = 500_000
-"""Most ``[`` and ``{`` one message's content may hold: parsed, each is a Python object of
-50-60 bytes, so a 16 MB message of nested brackets would take the grader 700 MB."""
+MAX_PARSED = 1 << 20
+"""Largest content the grader parses but a stream's (a megabyte: at most about 30 MB as
+Python objects, however it is nested)."""
+
+def _plain_stream(body: bytes) -> bool:
+    """Whether a stream message's content is what ipykernel writes, two strings (so cheap to
+    parse): ``{"name": "stdout", "text": "..."}`` with no unescaped quote inside the text."""
+    for name in (b"stdout", b"stderr"):
+        head = b'{"name": "' + name + b'", "text": "'
+        if body.startswith(head) and body.endswith(b'"}'):
+            text = body[len(head):-2].replace(b"\\\\", b"").replace(b'\\"', b"")
+            return b'"' not in text
+    return False
 
 
 class _GuardedSession(Session):
     """Jupyter's message session, reading a kernel's messages within bounds before any JSON
-    is parsed: every part counts against the notebook's budget (``on_over`` hears when it
-    runs out), a header over 64 KB or a content with more than :data:`MAX_CONTAINERS`
-    brackets is refused as a broken protocol, and only :data:`_READ` contents are parsed."""
-
-    budget = 0
-    received = 0
-    on_over: Any = None
+    is parsed: a header over 64 KB, a stream that is not two strings, or another content
+    over :data:`MAX_PARSED` is refused as a broken protocol, and only :data:`_READ`
+    contents are parsed."""
 
     def deserialize(self, msg_list: Any, content: bool = True, copy: bool = True) -> Any:
         parts = [bytes(part.bytes) if isinstance(part, zmq.Frame) else part
                  for part in msg_list]
-        self.received += sum(map(len, parts))
-        if self.received > self.budget and self.on_over is not None:
-            self.on_over()
-        body = parts[4] if len(parts) > 4 else b""
-        if max(map(len, parts[1:4]), default=0) > 1 << 16 or (
-                body.count(b"[") + body.count(b"{") > MAX_CONTAINERS):
-            raise ValueError("a message too large or too deeply nested to read")
-        message = super().deserialize(parts, content=False, copy=True)
-        message["size"] = len(body)
-        message["content"] = self.unpack(body) if message["msg_type"] in _READ else {}
+        if len(parts) < 5 or max(map(len, parts[1:4])) > 1 << 16:
+            raise ValueError("a malformed message or an oversized header")
+        message = super().deserialize(parts[:5], content=False, copy=True)
+        body, kind = parts[4], message["msg_type"]
+        message["size"] = sum(map(len, parts))
+        if kind not in _READ:
+            message["content"] = {}
+        elif _plain_stream(body) if kind == "stream" else len(body) <= MAX_PARSED:
+            message["content"] = self.unpack(body)
+        else:
+            raise ValueError(f"a {kind} message the grader will not parse")
         return message
 
 
@@ -274,7 +281,8 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
     runnable, harvest_at = with_harvests(sources, harvests, nonce)
     root = _new_root()
     result = Execution()
-    km, layout, pinned = None, None, []
+    km, layout = None, None
+    relay = _Relay((limits.output_mb + limits.harvest_mb + 16) << 20) if kernel.bwrap else None
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, _message_cap(limits))
     context.setsockopt(zmq.RCVHWM, 4)
@@ -290,15 +298,14 @@ async def execute(sources: list[str], harvests: Mapping[str, Harvest], limits: L
                                 kernel_spec_manager=KernelSpecManager(
                                     kernel_dirs=[str(root / "kernels")]))
         km.connection_file = str(layout.run / CONNECTION)
-        await _run(km, runnable, harvest_at, limits, layout, env, result,
-                   pinned if kernel.bwrap else None)
+        await _run(km, runnable, harvest_at, limits, layout, env, result, relay)
     finally:
         if km is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
         context.destroy(linger=0)
-        for descriptor in pinned:
-            os.close(descriptor)
+        if relay is not None:
+            relay.close()
         remove_cgroup(layout.cgroup if layout is not None else "")
         _remove(root)
     _read_harvests(runnable, harvest_at, nonce, result)
@@ -353,37 +360,87 @@ async def _sandbox_ipc(km: AsyncKernelManager, timeout: float) -> str:
     raise TimeoutError(f"no sandbox appeared within {timeout:g} s")
 
 
-async def _pin_sockets(km: AsyncKernelManager, inside: str, links: Path, timeout: float,
-                       pinned: list[int]) -> str:
-    """The kernel's sockets as the grader connects to them: each opened once it is bound
-    (``O_PATH``, never through a symlink) and reached through a link of the grader's own to
-    that descriptor, so no name the kernel changes later in its folder can redirect the
-    grader (to a host socket, or another sandbox's)."""
-    links.mkdir()
-    deadline = asyncio.get_running_loop().time() + timeout
-    for port in (km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port):
-        while True:
-            with contextlib.suppress(FileNotFoundError):
-                pinned.append(os.open(f"{inside}-{port}", os.O_PATH | os.O_NOFOLLOW))
-                break
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"the kernel bound no socket within {timeout:g} s")
-            await asyncio.sleep(0.02)
-        if not stat.S_ISSOCK(os.fstat(pinned[-1]).st_mode):
-            raise RuntimeError("the kernel's socket folder holds something else")
-        (links / f"k-{port}").symlink_to(f"/proc/self/fd/{pinned[-1]}")
-    return str(links / "k")
+@dataclass
+class _Relay:
+    """Every byte a sandboxed kernel sends the grader, relayed through sockets of the grader's
+    own and counted: once ``budget`` is spent the relay stops and ``on_over`` hears of it, so
+    no message, however many frames it has, brings more into the grader. The kernel's
+    sockets are each opened once bound (``O_PATH``, never through a symlink), so no name the
+    kernel changes later in its folder can redirect the grader."""
+
+    budget: int
+    on_over: Callable[[], None] = lambda: None
+    descriptors: list[int] = field(default_factory=list)
+    servers: list[asyncio.AbstractServer] = field(default_factory=list)
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    async def serve(self, km: AsyncKernelManager, inside: str, links: Path,
+                    timeout: float) -> str:
+        """Relay each of the kernel's sockets; return the prefix the grader connects to."""
+        links.mkdir()
+        deadline = asyncio.get_running_loop().time() + timeout
+        for port in (km.shell_port, km.iopub_port, km.stdin_port, km.control_port,
+                     km.hb_port):
+            while True:
+                with contextlib.suppress(FileNotFoundError):
+                    self.descriptors.append(os.open(f"{inside}-{port}",
+                                                    os.O_PATH | os.O_NOFOLLOW))
+                    break
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"the kernel bound no socket within {timeout:g} s")
+                await asyncio.sleep(0.02)
+            if not stat.S_ISSOCK(os.fstat(self.descriptors[-1]).st_mode):
+                raise RuntimeError("the kernel's socket folder holds something else")
+            target = f"/proc/self/fd/{self.descriptors[-1]}"
+            self.servers.append(await asyncio.start_unix_server(
+                lambda reader, writer, target=target: self._connect(target, reader, writer),
+                path=str(links / f"k-{port}")))
+        return str(links / "k")
+
+    async def _connect(self, target: str, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        with contextlib.suppress(OSError):
+            kernel_reader, kernel_writer = await asyncio.open_unix_connection(target)
+            self.writers.append(kernel_writer)
+            await asyncio.wait([asyncio.ensure_future(self._pump(kernel_reader, writer, True)),
+                                asyncio.ensure_future(self._pump(reader, kernel_writer, False))],
+                               return_when=asyncio.FIRST_COMPLETED)
+        self.close_connections()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    counted: bool) -> None:
+        with contextlib.suppress(OSError):
+            while self.budget > 0 and (data := await reader.read(1 << 16)):
+                if counted:
+                    self.budget -= len(data)
+                    if self.budget <= 0:
+                        self.on_over()
+                        return
+                writer.write(data)
+                await writer.drain()
+
+    def close_connections(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+    def close(self) -> None:
+        """Stop relaying and let go of the kernel's sockets."""
+        for server in self.servers:
+            server.close()
+        self.close_connections()
+        for descriptor in self.descriptors:
+            os.close(descriptor)
 
 
 async def _start(km: AsyncKernelManager, client: NotebookClient, limits: Limits,
-                 layout: Layout, env: dict[str, str], pinned: list[int] | None) -> None:
-    """Start the kernel and connect to it (a sandboxed one through ``pinned`` sockets)."""
+                 layout: Layout, env: dict[str, str], relay: _Relay | None) -> None:
+    """Start the kernel and connect to it (a sandboxed one through ``relay``)."""
     await km.start_kernel(env=env, cwd=str(layout.work), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-    if pinned is not None:
+    if relay is not None:
         inside = await _sandbox_ipc(km, limits.startup)
-        km.ip = await _pin_sockets(km, inside, layout.run.parent / "links", limits.startup,
-                                   pinned)
+        km.ip = await relay.serve(km, inside, layout.run.parent / "links", limits.startup)
     client.kc = km.client(context=km.context)  # the context that caps messages
     client.kc.start_channels()
     await client.kc.wait_for_ready(timeout=limits.startup)
@@ -409,7 +466,7 @@ async def _watch_sockets(km: AsyncKernelManager, client: _LimitedClient) -> None
 
 async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, str],
                limits: Limits, layout: Layout, env: dict[str, str], result: Execution,
-               pinned: list[int] | None) -> None:
+               relay: _Relay | None) -> None:
     """Start the kernel and run every cell under the limits, noting what went wrong."""
     loop = asyncio.get_running_loop()
 
@@ -422,15 +479,15 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,
                             startup_timeout=limits.startup)
 
-    def spent() -> None:  # every message counted, of any kind: the protocol's own included
+    def spent() -> None:  # every byte counted, whatever it carries
         if not client.over:
             client.over = "output"
             over()
 
-    km.session.budget = 2 * (limits.output_mb + limits.harvest_mb) << 20
-    km.session.on_over = spent
+    if relay is not None:
+        relay.on_over = spent
     try:
-        await _start(km, client, limits, layout, env, pinned)
+        await _start(km, client, limits, layout, env, relay)
     except Exception as error:  # no learner code has run yet: the grader's own problem
         result.status, result.problem = "kernel died", f"kernel did not start ({error})"[:300]
         result.grader_problem = result.problem
