@@ -31,6 +31,8 @@ from tests.test_grader_attacks import CH01, ROOT, _correct_source, _exercise, _r
 from tests.test_grader_sandbox import _class, _user_environment
 
 KEY = b"course-grader-test"
+GRADER_PIDS: list[str] = []
+"""The pid of each grader process this module ran, in order (its folders carry it)."""
 SYSCTLS = ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern")
 
 ATTACKS = {
@@ -207,7 +209,8 @@ def _grade_in_a_process(python: str, subs: Path, out: Path, env: dict[str, str],
                         user: list[str]) -> tuple[int, int, str]:
     """(exit status, the grader's own peak memory in MB, stderr) of ``grade`` run by
     ``python`` in a process of its own (``user``: a setpriv prefix, or none)."""
-    script = ("import sys\nfrom course_lib.__main__ import main\n"
+    script = ("import os, sys\nfrom course_lib.__main__ import main\n"
+              "print('grader-pid', os.getpid())\n"
               "code = main(sys.argv[1:])\n"  # VmHWM: this image's own peak (ru_maxrss would
               "print('peak-kb', [line.split()[1] for line in open('/proc/self/status')\n"
               "                  if line.startswith('VmHWM')][0])\n"  # count the parent's)
@@ -217,6 +220,7 @@ def _grade_in_a_process(python: str, subs: Path, out: Path, env: dict[str, str],
                            "--chapters", "01"], env=env, capture_output=True, text=True,
                           timeout=900, cwd=out.parent)
     peak = [line for line in done.stdout.splitlines() if line.startswith("peak-kb")]
+    GRADER_PIDS.append(done.stdout.split("grader-pid ", 1)[-1].split()[0])
     return done.returncode, int(peak[-1].split()[1]) >> 10 if peak else -1, done.stderr
 
 
@@ -262,9 +266,11 @@ def test_the_instructors_keyring_and_the_hosts_sysctls_are_untouched(as_root: tu
 def test_nothing_is_left_behind(as_root: tuple) -> None:
     _, _, _, _, runs = as_root
     assert os.listdir(runs) == []
+    prefix = f"cg-{GRADER_PIDS[0]}-"  # the run's own folders and cgroups, not another's
+    assert not [name for name in os.listdir("/tmp") if name.startswith(prefix)]
     parent = sandbox.memory_cgroup()
     if parent is not None:
-        assert not [p for p in parent.iterdir() if p.name.startswith("cg-")]
+        assert not [p for p in parent.iterdir() if p.name.startswith(prefix)]
 
 
 def _in_sandbox(code: str) -> str:

@@ -231,7 +231,10 @@ def _prepare(root: Path, kernel: Kernel, limits: Limits,
 
 
 def _new_root() -> Path:
-    return Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp" if Path("/tmp").is_dir() else None))
+    """A notebook's folder, named after this grader's pid (so is its cgroup): short paths
+    for Jupyter's sockets, and whatever is left can be told apart from another grader's."""
+    return Path(tempfile.mkdtemp(prefix=f"cg-{os.getpid()}-",
+                                 dir="/tmp" if Path("/tmp").is_dir() else None))
 
 
 def preflight(kernel: Kernel, limits: Limits) -> str:
