@@ -25,7 +25,6 @@ from course_lib.grading.check import (
     hint_for,
     recognising,
     satisfies,
-    strict_equal,
 )
 
 
@@ -57,8 +56,8 @@ def test_nested_parts_lists_and_types_are_labelled() -> None:
     assert first_difference([1, 2], [1, 2, 3]) == "result: 2 items, expected 3"
     assert first_difference({"x": 1}, {"x": 1, "y": 2}) == "y: missing"
     assert first_difference({"x": 1, "z": 0}, {"x": 1}) == "z: not expected"
-    assert first_difference([True], [1], strict_equal) == "result[0]: got True, expected 1"
-    assert first_difference([7.0], [7], strict_equal) == "result[0]: got 7.0, expected 7"
+    assert first_difference([True], [1]) == "result[0]: got True (bool), expected 1 (int)"
+    assert first_difference([7.0], [7]) == "result[0]: got 7.0 (float), expected 7 (int)"
     assert first_difference(["7"], [7]) == "result[0]: got '7' (str), expected 7 (int)"
     assert first_difference([1.0 + 1e-12], [1.0]) is None
 

@@ -23,7 +23,6 @@ from course_lib.grading.check import (
     Case,
     Exercise,
     Raises,
-    approx_equal,
     recognising,
     strict_equal,
     unique_labels,
@@ -552,7 +551,7 @@ def _tier_case(study: dict[float, dict[str, int]], share: float, hint: str) -> C
     call = f"choose_tier({study}, share={share})"
     return Case(call, lambda fn, s=study, f=share: fn({m: dict(r) for m, r in s.items()}, f),
                 _expected_tier(study, share), hint,
-                recognising(_tier_mistakes(study, share), approx_equal))
+                recognising(_tier_mistakes(study, share)))
 
 
 STUDY = {0.0: _row(1000, 600, 0), 1.0: _row(1000, 600, 80), 4.0: _row(1000, 600, 95),

@@ -88,23 +88,10 @@ def satisfies(got: Any, expected: Satisfies) -> bool | Verdict:
     return Verdict(False, str(found))
 
 
-def approx_equal(got: Any, expected: Any, rel: float = 1e-9, abs_: float = 1e-12) -> bool:
-    """Equality that tolerates float rounding, element-wise through tuples and lists."""
-    if isinstance(expected, float) or isinstance(got, float):
-        try:
-            return math.isclose(float(got), float(expected), rel_tol=rel, abs_tol=abs_)
-        except (TypeError, ValueError):
-            return False
-    if isinstance(expected, tuple | list) and isinstance(got, tuple | list):
-        return len(got) == len(expected) and all(
-            approx_equal(g, e, rel, abs_) for g, e in zip(got, expected, strict=True)
-        )
-    return bool(got == expected)
-
-
 def strict_equal(got: Any, expected: Any) -> bool:
-    """Equal plain data of the same types all the way down: ``True`` is not ``1`` and ``7.0``
-    is not ``7``; floats may differ by rounding, as in :func:`approx_equal`."""
+    """The course's one rule for comparing plain data: the same types all the way down
+    (``True`` is not ``1``, ``7.0`` is not ``7``, an ``int`` where the spec says ``int``);
+    floats may differ by rounding (relative 1e-9, absolute 1e-12)."""
     if type(got) is not type(expected):
         return False
     if isinstance(expected, float):
@@ -132,7 +119,7 @@ class Case:
     run: Callable[[Any], Any]
     expected: Any
     hint: str
-    compare: Callable[[Any, Any], bool | Verdict] = approx_equal
+    compare: Callable[[Any, Any], bool | Verdict] = strict_equal
     hints: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -413,7 +400,7 @@ def _label(path: str, key: Any) -> str:
     return str(key) if not path else f"{path}[{key}]"
 
 
-def first_difference(got: Any, expected: Any, equal: Callable[[Any, Any], bool] = approx_equal,
+def first_difference(got: Any, expected: Any, equal: Callable[[Any, Any], bool] = strict_equal,
                      path: str = "") -> str | None:
     """Where plain ``got`` first differs from plain ``expected``, led by the part's label.
 
@@ -441,7 +428,7 @@ def first_difference(got: Any, expected: Any, equal: Callable[[Any, Any], bool] 
         return None
     where, numbers = path or "result", (int, float)
     if type(got) is not type(expected) and (
-            repr(got) == repr(expected)
+            repr(got) == repr(expected) or got == expected
             or not (isinstance(got, numbers) and isinstance(expected, numbers))):
         return (f"{where}: got {_leaf(got)} ({type(got).__name__}), expected "
                 f"{_leaf(expected)} ({type(expected).__name__})")
@@ -459,7 +446,7 @@ def hint_for(case: Case, differs: str) -> str:
 
 
 def recognising(mistakes: Sequence[tuple[Any, str]],
-                equal: Callable[[Any, Any], bool] = approx_equal) -> Callable[[Any, Any], Verdict]:
+                equal: Callable[[Any, Any], bool] = strict_equal) -> Callable[[Any, Any], Verdict]:
     """A ``compare`` that names the mistake a wrong value comes from.
 
     ``mistakes`` pairs the value a known mistake gives on this case's inputs (computed by
@@ -491,8 +478,7 @@ def _compared(case: Case, got: Any, expected: Any) -> Verdict:
         return Verdict(True)
     if isinstance(expected, Satisfies):
         return Verdict(False)
-    equal = strict_equal if case.compare is strict_equal else approx_equal
-    return Verdict(False, first_difference(got, expected, equal) or "")
+    return Verdict(False, first_difference(got, expected) or "")
 
 
 def judge(case: Case, observation: Observation) -> CaseResult:
