@@ -37,6 +37,19 @@ def test_header_kernelspec_and_metadata(path: Path) -> None:
     assert not install.get("outputs")
 
 
+def test_the_normal_form_keeps_a_widgets_text_not_its_live_view() -> None:
+    """No widget state is stored, so a stored live view could never render: every viewer
+    (GitHub, JupyterLab unrun, Colab) shows the text form, the one thing kept."""
+    nb = nbformat.v4.new_notebook()
+    output = nbformat.v4.new_output("display_data", data={
+        pipeline.WIDGET_VIEW: {"model_id": "0" * 32, "version_major": 2, "version_minor": 0},
+        "text/plain": "traces: 100% 6/6 it"})
+    nb.cells = [nbformat.v4.new_code_cell("bar()", outputs=[output])]
+    kept = pipeline.normalized(nb, "notebooks/x.ipynb", "owner/course")
+    assert [c.outputs[0].data for c in kept.cells if c.get("outputs")] == [
+        {"text/plain": "traces: 100% 6/6 it"}]
+
+
 def test_stub_replaces_region_and_keeps_indentation() -> None:
     source = (
         "def f(x):\n    ### BEGIN SOLUTION: double it\n    return 2 * x\n    ### END SOLUTION\n"

@@ -86,7 +86,7 @@ def stored_timeline_widgets() -> list[tuple[str, str, re.Match]]:
             for output in cell.get("outputs", []):
                 data = output.get("data", {})
                 match = TIMELINE.match(data.get("text/plain", ""))
-                if "application/vnd.jupyter.widget-view+json" in data and match:
+                if match and set(data) == {"text/plain"}:  # a widget's stored text form
                     found.append((path.name, code, match))
     return found
 

@@ -880,20 +880,21 @@ def test_png_copies_draw_nested_pictures_where_their_box_and_view_box_say() -> N
     assert image.getpixel((150, 50)) == (255, 0, 0)
 
 
-def test_a_progress_bar_is_stored_as_what_it_counts_not_its_first_state() -> None:
-    """A notebook bar's text is stored when it is shown (at 0%); the course's text form
-    says what it counts instead, and stays the same once the bar has moved."""
+def test_a_progress_bar_is_stored_finished_not_in_its_first_state() -> None:
+    """A notebook bar's text is stored when it is shown (at 0%); the course's text form is
+    the finished bar instead, and stays the same once the bar has moved."""
     from tqdm.notebook import tqdm
 
     from course_lib.viz.notebook import progress_text, setup_notebook
 
     setup_notebook()
     bar = tqdm(range(36_925), desc="simulate paged", unit="tok", display=False)
-    assert repr(bar.container) == "[progress: simulate paged, 36,925 tok]"
+    finished = f"simulate paged: 100% {'█' * 20} 36,925/36,925 tok"
+    assert repr(bar.container) == finished
     for _ in bar:
         pass
-    assert repr(bar.container) == "[progress: simulate paged, 36,925 tok]"
+    assert repr(bar.container) == finished
     unsized = tqdm(iter(range(3)), display=False)
-    assert repr(unsized.container) == "[progress: working]"
+    assert repr(unsized.container) == "progress: done"
     unsized.close()
-    assert progress_text(object()) == "[progress]"
+    assert progress_text(object()) == "progress: done"

@@ -106,9 +106,14 @@ def install_source(home: str) -> str:
     return INSTALL_TEMPLATE.format(repository=GITHUB + home)
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+"""A live widget's output. No widget state is stored, so a stored one can never render:
+every viewer shows the output's text form instead, and the normal form keeps only that."""
+
+
 def normalized(nb: nbformat.NotebookNode, relative_path: str, home: str) -> nbformat.NotebookNode:
     """A copy of ``nb`` with the course's header cells (for the course at ``home``),
-    kernelspec and clean metadata."""
+    kernelspec, clean metadata and no stored widget views."""
     nb = copy.deepcopy(nb)
     body = [c for c in nb.cells if c.get("id") not in (BADGE_ID, INSTALL_ID)]
     badge = nbformat.v4.new_markdown_cell(badge_markdown(relative_path, home), id=BADGE_ID)
@@ -126,6 +131,8 @@ def normalized(nb: nbformat.NotebookNode, relative_path: str, home: str) -> nbfo
             cell["id"] = f"cell-{index:03d}"
         tags = cell.get("metadata", {}).get("tags")
         cell["metadata"] = nbformat.NotebookNode({"tags": tags} if tags else {})
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop(WIDGET_VIEW, None)
     nb.nbformat, nb.nbformat_minor = 4, 5
     return nb
 

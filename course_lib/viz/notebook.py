@@ -3,8 +3,9 @@
 ``setup_notebook()`` is the first call of every lecture. It fixes matplotlib's style so
 figures look the same everywhere, and gives figures a stable plain-text form (their title)
 so stored outputs carry no machine-dependent repr. A notebook progress bar gets a plain-text
-form too: what it counts. Its text is stored once, when the bar is first shown, so tqdm's own
-form would read "0%" forever on GitHub, where the live widget does not render.
+form too: the finished bar. Its text is stored once, when the bar is first shown, and it is
+all a stored notebook can show (no widget state is stored), so tqdm's own form would read
+"0%" forever; a stored notebook ran every bar to its end, so the end is what it shows.
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ def figure_text(fig: Figure) -> str:
 
 
 def progress_text(bar: object) -> str:
-    """Plain-text stand-in for a tqdm notebook bar: its description and total, not the state
-    it had when it was displayed."""
+    """Plain-text stand-in for a tqdm notebook bar: the bar finished (what a stored notebook
+    ran it to), not the state it had when it was displayed."""
     counter = getattr(bar, "pbar", None)
     if counter is None:
-        return "[progress]"
+        return "progress: done"
     meter = counter.format_dict
-    total = f", {meter['total']:,} {meter['unit']}" if meter["total"] else ""
-    return f"[progress: {meter['prefix'] or 'working'}{total}]"
+    name = meter["prefix"] or "progress"
+    if not meter["total"]:
+        return f"{name}: done"
+    total = f"{meter['total']:,}"
+    return f"{name}: 100% {'█' * 20} {total}/{total} {meter['unit']}"
 
 
 def setup_notebook() -> None:
