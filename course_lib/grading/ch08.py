@@ -25,14 +25,26 @@ import torch
 
 from course_lib.attention import kernel_device, paged_attention_reference
 from course_lib.grading.ch06 import (
+    _WIDE_HINT,
     DecodeInputs,
     TensorMatch,
     Want,
+    WideInputs,
     _decode_inputs,
+    _drawn_wide_inputs,
     _tensor_case,
     _tolerance,
+    _wide_offset_inputs,
 )
-from course_lib.grading.check import Case, Exercise, Raises, Satisfies, labelled, recognising
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    Raises,
+    Satisfies,
+    Verdict,
+    labelled,
+    recognising,
+)
 from course_lib.hybrid import first_needed_block, hit_blocks
 from course_lib.kv_math import HYBRID_MODELS, HybridModel, bytes_per_token
 
@@ -202,6 +214,10 @@ OFF_BY_ONE_READ = ("the chunk's first token, at position num_computed, reads the
 CEIL_BLOCK = ("a block goes only when ALL its positions lie before the first one read: "
               "floor((num_computed - window + 1) / block_size) blocks, not ceil (the block "
               "holding that position is still read)")
+WHOLE_BLOCKS = ("the window is window POSITIONS, not window // block_size whole blocks behind the "
+                "chunk's block: the chunk's first token reads from position num_computed - "
+                "window + 1, which need not start a block; the first block kept is the one "
+                "holding it, floor((num_computed - window + 1) / block_size)")
 SHARED_FREED = ("a block another sequence still holds (ref count above 1) leaves this table "
                 "but does not return to the pool: return only the blocks whose count drops to "
                 "zero")
@@ -220,9 +236,16 @@ def _free_mistakes(table: Sequence[int], refs: dict[int, int], num_computed: int
     first = first_needed_block(num_computed, window, block_size)
     right = _let_go(table, refs, first)
     ceil = -(-max(0, num_computed - window + 1) // block_size)  # ceil, in integers
-    mistakes = [(_let_go(table, refs, ceil), CEIL_BLOCK),  # before W - 1, which can agree
-                (_let_go(table, refs, first_needed_block(num_computed, window + 1, block_size)),
-                 OFF_BY_ONE_READ)]
+    whole = max(0, num_computed // block_size - window // block_size)
+    # A wrong first block is one block off, so slips share values: window + 1 first (the
+    # whole-block count can agree with it), the whole-block count before ceil (with which it
+    # agrees wherever it is wrong and the window is no multiple of a block), and both before
+    # window - 1 (which can agree with ceil); the fixed cases put a case that tells each
+    # slip before any where a slip listed ahead of it gives the same value.
+    mistakes = [(_let_go(table, refs, first_needed_block(num_computed, window + 1, block_size)),
+                 OFF_BY_ONE_READ),
+                (_let_go(table, refs, whole), WHOLE_BLOCKS),
+                (_let_go(table, refs, ceil), CEIL_BLOCK)]
     if window > 1:
         mistakes.append((_let_go(table, refs, first_needed_block(num_computed, window - 1,
                                                                  block_size)), OFF_BY_ONE_READ))
@@ -264,6 +287,13 @@ def _free_raises(table: Sequence[int], refs: dict[int, int], num_computed: int, 
                 Raises(ValueError), hint)
 
 
+BAD_WINDOW = "a window below 1 token reads nothing: raise ValueError naming it"
+BAD_BLOCK_SIZE = ("a block size below 1 holds no position: raise ValueError naming it (before "
+                  "dividing by it: not a ZeroDivisionError)")
+BAD_COMPUTED = ("a negative num_computed is no position of the sequence: raise ValueError "
+                "naming it, do not return the table unchanged")
+
+
 def _free_cases() -> list[Case]:
     table, refs = [5, 9, 2, 7, 4], {5: 1, 9: 1, 2: 1, 7: 1, 4: 1}
     shared = {5: 2, 9: 2, 2: 1, 7: 1, 4: 1}
@@ -271,6 +301,8 @@ def _free_cases() -> list[Case]:
         _free_case(table, refs, 18, 8, 4, "the chunk at 18 reads 11..: blocks 0 and 1 go"),
         _free_case(table, refs, 16, 8, 4, "reads 9..: blocks 0 and 1 (positions 0..7) go, "
                    "block 2 (8..11) stays"),
+        _free_case(table, refs, 16, 7, 4, "a window of 7 positions, no whole number of "
+                   "blocks: reads 10.., so block 2 (8..11) stays"),
         _free_case(table, refs, 15, 8, 4, "reads 8.., a block boundary: blocks 0 and 1 go"),
         _free_case(table, refs, 14, 8, 4, "reads 7..: block 1 still holds position 7"),
         _free_case(table, shared, 18, 8, 4, "blocks 0 and 1 are shared with another request's "
@@ -282,7 +314,9 @@ def _free_cases() -> list[Case]:
                    "stays"),
         _free_case([3, 6, 8], {3: 1, 6: 1, 8: 1}, 40, 9, 16, "a window smaller than a block, "
                    "reading from a block boundary"),
-        _free_raises([5, 9], {5: 1, 9: 1}, 6, 0, 4, "a window of 0 tokens: raise ValueError"),
+        _free_raises([5, 9], {5: 1, 9: 1}, 6, 0, 4, BAD_WINDOW),
+        _free_raises([5, 9], {5: 1, 9: 1}, 6, 3, 0, BAD_BLOCK_SIZE),
+        _free_raises([5, 9], {5: 1, 9: 1}, -2, 3, 4, BAD_COMPUTED),
     ]
 
 
@@ -312,14 +346,28 @@ def _drawn_read(rng: random.Random, size: int, blocks: int, offset: int, label: 
     return _drawn_free(rng, blocks * size + offset + window - 1, window, size, label, **flags)
 
 
+def _drawn_whole_blocks(rng: random.Random) -> Case:
+    """A window of no whole number of blocks whose first read lies in the block before the
+    one ``window // block_size`` blocks behind the chunk's: counted in whole blocks, that
+    block would go."""
+    size = rng.choice([4, 8, 16])
+    part = rng.randint(2, size - 1)  # window % size
+    behind = rng.randint(0, 2)  # window // size
+    window = behind * size + part
+    num_computed = rng.randint(behind + 1, behind + 6) * size + rng.randint(0, part - 2)
+    return _drawn_free(rng, num_computed, window, size,
+                       "a window of no whole number of blocks")
+
+
 def _free_fresh(seed: int) -> list[Case]:
-    """The chunk's first read inside a block, on a block boundary, shared blocks, null
-    entries, shorter than the window, a window below a block, and each input that must raise,
-    all drawn."""
+    """The chunk's first read inside a block, on a block boundary, a window of no whole
+    number of blocks, shared blocks, null entries, shorter than the window, a window below a
+    block, and each input that must raise, all drawn."""
     rng = random.Random(seed)
     size = rng.choice([2, 4, 8, 16])
     short = rng.randint(2, 3 * size)
     cases = [
+        _drawn_whole_blocks(rng),
         _drawn_read(rng, size, rng.randint(1, 6), rng.randint(1, size - 1),
                     "reads from inside a block"),
         _drawn_read(rng, size, rng.randint(1, 6), 0, "reads from a block boundary"),
@@ -337,12 +385,11 @@ def _free_fresh(seed: int) -> list[Case]:
     computed = rng.randint(0, len(table) * size - 1)
     return [*cases,
             _free_raises(table, refs, computed, rng.choice([0, -rng.randint(1, 50)]), size,
-                         "a window below 1 token: raise ValueError"),
+                         BAD_WINDOW),
             _free_raises(table, refs, computed, rng.randint(1, 3 * size),
-                         rng.choice([0, -rng.randint(1, 16)]),
-                         "a block size below 1: raise ValueError"),
+                         rng.choice([0, -rng.randint(1, 16)]), BAD_BLOCK_SIZE),
             _free_raises(table, refs, -rng.randint(1, 50), rng.randint(1, 3 * size), size,
-                         "a negative num_computed: raise ValueError")]
+                         BAD_COMPUTED)]
 
 
 # --- exercise 3: the prefix hit across groups --------------------------------------------------
@@ -365,6 +412,20 @@ HIT_LAST_TOKEN = ("the prompt's last token is always computed (it yields the fir
                   "token), so the hit never covers it: at most (num_tokens - 1) // block_size "
                   "blocks")
 HIT_IN_TOKENS = "return the hit in tokens: k full blocks are k x block_size tokens"
+HIT_AN_INT = ("return an int: the hit is k x block_size tokens, a whole number (integer "
+              "arithmetic, not / or a float)")
+
+
+def _an_int(compare: Callable[[Any, Any], Verdict], hint: str) -> Callable[[Any, Any], Verdict]:
+    """``compare``, naming with ``hint`` a float that equals the expected int."""
+    def typed(got: Any, expected: Any) -> Verdict:
+        verdict = compare(got, expected)
+        if (not verdict.passed and type(got) is float and type(expected) is int
+                and got == expected):
+            return Verdict(False, verdict.differs, hint)
+        return verdict
+
+    return typed
 
 
 def _hit_mistakes(cached: Sequence[Sequence[bool]], windows: Sequence[int | None],
@@ -398,7 +459,8 @@ def _hit_case(cached: Sequence[Sequence[bool]], windows: Sequence[int | None], b
         lambda fn, c=tuple(tuple(bool(f) for f in g) for g in cached), w=tuple(windows): fn(
             [list(g) for g in c], list(w), block_size, num_tokens),
         hit_blocks(cached, windows, block_size, num_tokens) * block_size, _HIT_HINT,
-        compare=recognising(_hit_mistakes(cached, windows, block_size, num_tokens)))
+        compare=_an_int(recognising(_hit_mistakes(cached, windows, block_size, num_tokens)),
+                        HIT_AN_INT))
 
 
 def _hit_cases() -> list[Case]:
@@ -501,18 +563,28 @@ WINDOW_OFF_BY_ONE = ("the query at position seq_len - 1 reads exactly window pos
                      "max(0, seq_len - window) .. seq_len - 1: the window is off by one")
 WINDOW_BLOCK_START = ("a window rarely starts on a block boundary: mask the positions before "
                       "max(0, seq_len - window) inside the block that holds it")
-NULL_READ = ("NaN: a tile before the window was read, whose table entries are the null block "
-             "(NaN here) and whose scores, all masked, make exp(-inf - (-inf)) NaN: start the "
-             "loop at max(0, seq_len - window) and mask the loads as well as the scores")
+NULL_READ = ("NaN: a tile before the window was read: its positions are all masked, so its "
+             "scores are all -inf and exp(-inf - (-inf)) is NaN, and its table entries may be "
+             "the null block (NaN here): start the loop at max(0, seq_len - window) and mask "
+             "the loads as well as the scores; if it starts there, no position was kept at all "
+             "(l = 0, acc / l = 0 / 0): keep each position of the window")
+NOTHING_ATTENDED = ("nothing was attended: no position of the window was kept (every score "
+                    "masked, or the loop never ran), so l stayed 0 and the row is 0 / 0, NaN, "
+                    "or zero where l was guarded: the loop runs over max(0, seq_len - window) "
+                    ".. seq_len - 1 and keeps each of those positions")
 
 
 @dataclass(frozen=True)
 class WindowMatch(TensorMatch):
     """Chapter 06's tensor judge, which also names a window's slips by the output they give
-    (``mistakes``: each slip's output on the case's inputs, and its hint); a NaN row that no
-    slip explains read the null block."""
+    (``mistakes``: each slip's output on the case's inputs, and its hint). A row of zeros
+    attended to nothing (the sum l guarded); a NaN row is the case's ``targeted`` mistake (a
+    64-bit offset) where it has one, else it read a tile before the window, unless nothing
+    lies before the window (``covered[b]``: sequence b is no longer than the window), when
+    it attended to nothing (0 / 0)."""
 
     mistakes: tuple[tuple[torch.Tensor, str], ...] = ()
+    covered: tuple[bool, ...] = ()
 
     def _recognised(self, want: Want, index: tuple[int, ...], row: torch.Tensor,
                     expected: torch.Tensor) -> str:
@@ -522,8 +594,13 @@ class WindowMatch(TensorMatch):
             if (close and wrong.isfinite().all()
                     and not torch.allclose(wrong, expected, rtol=self.rtol, atol=self.atol)):
                 return hint
-        return NULL_READ if row.isnan().any() else super()._recognised(want, index, row,
-                                                                         expected)
+        if not row.any():
+            return NOTHING_ATTENDED
+        if not row.isnan().any():
+            return super()._recognised(want, index, row, expected)
+        if self.targeted:
+            return self.targeted
+        return NOTHING_ATTENDED if self.covered[index[0]] else NULL_READ
 
 
 def window_inputs(q_heads: int, kv_heads: int, block_size: int, lens: Sequence[int],
@@ -564,18 +641,56 @@ def _window_mistakes(inputs: DecodeInputs, window: int) -> tuple[tuple[torch.Ten
     return tuple(slips)
 
 
-def _window_case(inputs: DecodeInputs, window: int, label: str) -> Case:
+def _window_case(inputs: DecodeInputs, window: int, label: str,
+                 arguments: Callable[[torch.device], tuple[Any, ...]] | None = None,
+                 targeted: str = "") -> Case:
+    """A kernel case on ``inputs`` (or, where given, on the ``arguments`` made on the
+    kernel's device, which ``inputs`` stands in for on the grader's side)."""
     want = paged_attention_reference(*inputs.on(torch.device("cpu")), window=window)
+    made = arguments or inputs.on
     case = _tensor_case(
         f"fn(q, k_cache, v_cache, block_tables, seq_lens, scale, window={window})  # {label}: "
         f"{inputs.describe()}",
-        lambda fn: fn(*inputs.on(kernel_device()), window),
+        lambda fn: fn(*made(kernel_device()), window),
         [Want("out", want, ("b", "h"), "float32")], _WINDOW_HINT,
-        *_tolerance(inputs.q.dtype), "paged_attention_reference with the window", kernel=True)
+        *_tolerance(inputs.q.dtype), "paged_attention_reference with the window", kernel=True,
+        targeted=targeted)
     match = case.expected.explain
     recognised = WindowMatch(**{f.name: getattr(match, f.name) for f in fields(TensorMatch)},
-                             mistakes=_window_mistakes(inputs, window))
+                             mistakes=_window_mistakes(inputs, window),
+                             covered=tuple(n <= window for n in inputs.seq_lens.tolist()))
     return replace(case, expected=Satisfies(case.expected.description, explain=recognised))
+
+
+def _wide_window_case(wide: WideInputs, window: int) -> Case:
+    """Chapter 06's block past 2**32 elements (:func:`_wide_offset_inputs`) inside a window,
+    the table's entries wholly before the window made null: 64-bit offsets, and the caches
+    used where they are (a copy of them needs 8 GiB)."""
+    twin, build, label = wide
+    length, size = int(twin.seq_lens[0]), twin.k_cache.shape[1]
+    before = first_needed_block(length - 1, window, size)
+    table = twin.block_tables.clone()
+    table[0, :before] = 0
+
+    def nulled(device: torch.device) -> tuple[Any, ...]:
+        q, k_cache, v_cache, tables, lens, scale = build(device)
+        tables = tables.clone()
+        tables[0, :before] = 0
+        return q, k_cache, v_cache, tables, lens, scale
+
+    return _window_case(replace(twin, block_tables=table), window, label, nulled, _WIDE_HINT)
+
+
+def _wide_window(wide: WideInputs, rng: random.Random | None = None) -> Case:
+    """:func:`_wide_window_case` with a window that reads the wide block: 20 positions, or
+    drawn from ``rng``."""
+    twin = wide[0]
+    length, size = int(twin.seq_lens[0]), twin.k_cache.shape[1]
+    at = int((twin.block_tables[0] == 8).nonzero()[0])  # the twin's stand-in for the wide block
+    lowest = max(1, length - (at + 1) * size + 1)  # the window reaches the wide block
+    window = 20 if rng is None else rng.randint(lowest, length - 1)
+    assert lowest <= window < length
+    return _wide_window_case(wide, window)
 
 
 _WINDOW_SETTINGS = (
@@ -592,8 +707,9 @@ _WINDOW_SETTINGS = (
 
 
 def _window_cases() -> list[Case]:
-    return [_window_case(window_inputs(hq, hkv, b, lens, w, seed=19 + i, **kw), w, label)
-            for i, (label, hq, hkv, b, lens, w, kw) in enumerate(_WINDOW_SETTINGS)]
+    return [*(_window_case(window_inputs(hq, hkv, b, lens, w, seed=19 + i, **kw), w, label)
+              for i, (label, hq, hkv, b, lens, w, kw) in enumerate(_WINDOW_SETTINGS)),
+            _wide_window(_wide_offset_inputs())]
 
 
 def _drawn_window(rng: random.Random, label: str, below_block: bool,
@@ -617,8 +733,8 @@ def _drawn_window(rng: random.Random, label: str, below_block: bool,
 
 def _window_fresh(seed: int) -> list[Case]:
     """A table that still holds the blocks before the window, a window that starts inside a
-    block, and a window below a block in float16, all drawn; small, as the interpreter runs
-    them on a CPU."""
+    block, a window below a block in float16, and a window over a block past 2**32
+    elements, all drawn; small, as the interpreter runs them on a CPU."""
     rng = random.Random(seed)
     return [
         _drawn_window(rng, "a table that still holds the blocks before the window", False,
@@ -626,6 +742,7 @@ def _window_fresh(seed: int) -> list[Case]:
         _drawn_window(rng, "a window that starts inside a block", False),
         _drawn_window(rng, "a window smaller than a block, float16", True,
                       dtype=torch.float16),
+        _wide_window(_drawn_wide_inputs(rng), rng),
     ]
 
 

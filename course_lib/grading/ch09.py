@@ -23,6 +23,7 @@ from course_lib.grading.check import (
     Case,
     Exercise,
     Raises,
+    Verdict,
     recognising,
     strict_equal,
     unique_labels,
@@ -107,6 +108,12 @@ LRU_OVERSIZE = ("an entry larger than the whole capacity is not stored (put retu
 LRU_REFRESH = ("putting a key already held refreshes it (most recent, its bytes counted once), "
                "so the entry stored after it is the one dropped")
 LRU_EMPTY = "a store of capacity 0 holds nothing"
+LRU_WHILE = ("one put may have to drop several entries: keep dropping the least recently used "
+             "WHILE the bytes exceed the capacity (a loop, not one if)")
+LRU_WHOLE_CAPACITY = ("an entry of exactly the capacity fits (only one LARGER than the capacity "
+                      "is refused): store it, dropping every other entry")
+LRU_SIZE_KEPT = ("a key already held keeps the size it was stored with: putting it again only "
+                 "makes it the most recently used, whatever nbytes says, and drops nothing")
 
 
 def _lru_cases() -> list[Case]:
@@ -133,6 +140,15 @@ def _lru_cases() -> list[Case]:
                     "putting a key already held refreshes it (most recent, its bytes "
                     "counted once), so 'b' is the one dropped"),
         _store_case(0, [("put", "a", 1), ("keys",), ("used",)], LRU_EMPTY),
+        _store_case(100, [("put", "a", 30), ("put", "b", 30), ("put", "c", 30),
+                          ("put", "d", 80), ("keys",), ("used",)],
+                    "'d' needs 80 of the 100 bytes: 'a', 'b' and 'c' all go, in that order; "
+                    f"{LRU_WHILE}"),
+        _store_case(100, [("put", "a", 30), ("put", "whole", 100), ("keys",), ("used",),
+                          ("get", "whole")], LRU_WHOLE_CAPACITY),
+        _store_case(60, [("put", "a", 20), ("put", "b", 20), ("put", "a", 50), ("keys",),
+                         ("used",), ("put", "c", 20), ("keys",), ("used",)],
+                    f"{LRU_SIZE_KEPT}: 'a' still weighs 20, so 'c' fits beside 'b' and 'a'"),
     ]
 
 
@@ -202,6 +218,44 @@ def _lru_empty(rng: random.Random) -> Case:
                            ("get", key)], LRU_EMPTY)
 
 
+def _lru_several(rng: random.Random) -> Case:
+    """Small entries, then one that needs two or more of them dropped."""
+    capacity = rng.randrange(40, 200)
+    count = rng.randint(3, 6)
+    small = rng.randint(1, capacity // count)
+    keys = _drawn_keys(rng, count + 1)
+    drops = rng.randint(2, count)  # a put that leaves room only after this many drops
+    room = capacity - (count - drops) * small
+    big = rng.randint(room - small + 1, room)
+    script: list[Op] = [*(("put", k, small) for k in keys[:count]), ("put", keys[-1], big),
+                        ("keys",), ("used",)]
+    return _store_case(capacity, script, LRU_WHILE)
+
+
+def _lru_whole_capacity(rng: random.Random) -> Case:
+    """Entries, then one of exactly the capacity."""
+    capacity = rng.randrange(10, 150)
+    keys = _drawn_keys(rng, 3)
+    script: list[Op] = [("put", keys[0], rng.randint(1, capacity // 2)),
+                        ("put", keys[1], rng.randint(1, capacity // 2)),
+                        ("put", keys[2], capacity), ("keys",), ("used",), ("get", keys[2])]
+    return _store_case(capacity, script, LRU_WHOLE_CAPACITY)
+
+
+def _lru_size_kept(rng: random.Random) -> Case:
+    """A key put again with another size: a larger one that would push the other entry out,
+    or a smaller one that would lower the bytes used."""
+    capacity = rng.randrange(30, 150)
+    a, b = _drawn_keys(rng, 2)
+    size_a, size_b = rng.randint(1, capacity // 3), rng.randint(1, capacity // 3)
+    larger = size_a == 1 or rng.random() < 0.5
+    other = (rng.randint(capacity - size_b + 1, capacity) if larger
+             else rng.randint(1, size_a - 1))
+    script: list[Op] = [("put", a, size_a), ("put", b, size_b), ("put", a, other),
+                        ("keys",), ("used",)]
+    return _store_case(capacity, script, LRU_SIZE_KEPT)
+
+
 def _lru_script(rng: random.Random) -> Case:
     """A drawn script of puts, gets and reads on a few keys."""
     capacity = rng.randrange(20, 120)
@@ -219,7 +273,8 @@ def _fresh_lru(seed: int) -> list[Case]:
     """One drawn case of each kind the fixed cases hold, and a drawn script."""
     rng = random.Random(seed)
     return [draw(rng) for draw in (_lru_order, _lru_exact, _lru_in_bytes, _lru_oversize,
-                                   _lru_refresh, _lru_empty, _lru_script)]
+                                   _lru_refresh, _lru_empty, _lru_several,
+                                   _lru_whole_capacity, _lru_size_kept, _lru_script)]
 
 
 # --- 09.hash_ring: consistent hashing ----------------------------------------------------
@@ -255,6 +310,8 @@ RING_WRAP = ("a key past the last point wraps around the ring to the FIRST point
              "last")
 RING_CLOCKWISE = ("the owner is the first point at or AFTER the key's position (clockwise), "
                   "not the last point before it")
+RING_AT_POINT = ("a key whose position is a point's own position belongs to that point: the "
+                 "first point AT or after the key (>=, bisect_left), not strictly after it")
 RING_VNODES = ("each replica puts vnodes points on the ring, ring_position(f'replica {r} point "
                "{v}') for v in range(vnodes), not one")
 
@@ -269,6 +326,12 @@ def _slipped(at: Callable[[int, int], int]) -> Callable[[HashRing, str], int]:
     return lookup
 
 
+def _strictly_after(ring: HashRing, key: str) -> int:
+    """The slip's lookup: the first point strictly after the key."""
+    points = ring._points
+    return ring._owners[bisect.bisect_right(points, ring_position(key)) % len(points)]
+
+
 def _ring_mistakes(vnodes: int, first: int, joining: int, keys: Sequence[str]
                    ) -> list[tuple[dict[str, list[int]], str]]:
     """What each recognised slip gives for this replay, with its hint."""
@@ -276,7 +339,8 @@ def _ring_mistakes(vnodes: int, first: int, joining: int, keys: Sequence[str]
         return sorted(ring.replicas)[ring_position(key) % len(ring.replicas)]
 
     replay = (vnodes, first, joining, keys)
-    return [(_expected_ring(*replay, modulo), RING_MODULO),
+    return [(_expected_ring(*replay, _strictly_after), RING_AT_POINT),
+            (_expected_ring(*replay, modulo), RING_MODULO),
             (_expected_ring(*replay, _slipped(lambda i, n: min(i, n - 1))), RING_WRAP),
             (_expected_ring(*replay, _slipped(lambda i, n: i - 1)), RING_CLOCKWISE),
             (_expected_ring(1, first, joining, keys), RING_VNODES)]
@@ -326,9 +390,18 @@ def _ring_cases() -> list[Case]:
         _ring_case(64, 7, 7, KEYS, "replica 7 joins 7 others: about 1/8 of the keys move, "
                    "all of them to replica 7"),
         _ring_case(8, 2, 9, KEYS[:40], "replica ids need not be consecutive"),
+        _ring_case(2, 3, 3, _on_points(2, 4, KEYS[:6]),
+                   "keys named as points ('replica 1 point 0', ...) sit exactly on those "
+                   f"points: {RING_AT_POINT}"),
         _empty_case(4, "session 1"),
         _twice_case(4, [0, 0]),
     ]
+
+
+def _on_points(vnodes: int, replicas: int, keys: Sequence[str]) -> list[str]:
+    """``keys`` and the name of every point of replicas ``0 .. replicas - 1``, whose ring
+    position is that point's own."""
+    return [*(f"replica {r} point {v}" for r in range(replicas) for v in range(vnodes)), *keys]
 
 
 def _drawn_ring(rng: random.Random, vnodes: int, first: int, joining: int, hint: str) -> Case:
@@ -336,7 +409,7 @@ def _drawn_ring(rng: random.Random, vnodes: int, first: int, joining: int, hint:
     gives: with one point per replica the slips of the lookup (hash % N, no wrap, the point
     before), with more the slips of the ring (hash % N, one point per replica)."""
     keys = [f"user {rng.randrange(10**9)}" for _ in range(12)]
-    slips = (0, 1, 2) if vnodes == 1 else (0, 3)
+    slips = (1, 2, 3) if vnodes == 1 else (1, 4)  # after 0, the key on a point
     while any(_ring_mistakes(vnodes, first, joining, keys)[slip][0]
               == _expected_ring(vnodes, first, joining, keys) for slip in slips):
         keys.append(f"user {rng.randrange(10**9)}")
@@ -358,9 +431,25 @@ def _fresh_ring(seed: int) -> list[Case]:
                     "moves almost all)"),
         _drawn_ring(rng, rng.randrange(4, 40), gap, gap + rng.randint(2, 20), "replica ids "
                     "need not be consecutive"),
+        _drawn_on_points(rng),
         _empty_case(rng.randrange(1, 40), f"user {rng.randrange(10**9)}"),
         _twice_case(rng.randrange(1, 40), [*replicas, rng.choice(replicas)]),
     ]
+
+
+def _drawn_on_points(rng: random.Random) -> Case:
+    """Drawn keys and point names (a key on a point): the first point at or after a key on
+    a point is that point; the first strictly after it is the next one."""
+    vnodes, first = rng.randint(1, 6), rng.randint(2, 5)
+    joining = first + rng.randint(0, 5)
+    names = [f"replica {r} point {v}" for r in [*range(first), joining] for v in range(vnodes)]
+    keys = [f"user {rng.randrange(10**9)}" for _ in range(4)]
+    keys += rng.sample(names, rng.randint(2, min(6, len(names))))
+    rng.shuffle(keys)
+    while (_ring_mistakes(vnodes, first, joining, keys)[0][0]
+           == _expected_ring(vnodes, first, joining, keys)):
+        keys.append(rng.choice(names))
+    return _ring_case(vnodes, first, joining, keys, f"keys on points: {RING_AT_POINT}")
 
 
 # --- 09.prefix_scorer: hits against load ---------------------------------------------------
@@ -396,6 +485,8 @@ SCORER_ONLY_LEADING = ("only the leading blocks count: a replica that lacks the 
                        "would find nothing cached, whatever else it holds")
 SCORER_TIE = "equal scores: the less loaded wins, then the lower index"
 SCORER_TOKENS = "hits are in tokens: blocks x block_size, then less the load penalty"
+SCORER_WHOLE_CHAIN = ("a replica that holds the whole chain serves every block of it: count "
+                      "the leading blocks held up to len(chain), not len(chain) - 1")
 
 
 def _scorer_cases() -> list[Case]:
@@ -416,6 +507,8 @@ def _scorer_cases() -> list[Case]:
         _scorer_case(c, [c[:4], c[:2]], [3, 0], 4, 2.0,
                      "hits are in tokens: 4 blocks of 4 is 16 tokens, less 6 for the load, "
                      "is 10 > 8"),
+        _scorer_case(c, [c[:5], c], [0, 1], 16, 8.0,
+                     f"{SCORER_WHOLE_CHAIN}: replica 1 holds all 6 blocks, 96 - 8 = 88 > 80"),
     ]
 
 
@@ -470,6 +563,16 @@ def _scorer_tokens(rng: random.Random) -> Case:
     return _scorer_case(chain, held, loads, size, penalty, SCORER_TOKENS)
 
 
+def _scorer_whole_chain(rng: random.Random) -> Case:
+    """One replica holds the whole chain, another all of it but the last block and one
+    request less: a penalty below a block's tokens makes the whole chain win."""
+    chain, size = _chain(rng.randint(1, 9)), rng.choice([4, 16, 32])
+    light = rng.randint(0, 4)
+    held, loads = _placed(rng, [chain, chain[:-1]], [light + 1, light])
+    return _scorer_case(chain, held, loads, size, rng.choice([0.5, 1.0, size / 2, size - 1.0]),
+                        SCORER_WHOLE_CHAIN)
+
+
 def _scorer_drawn(rng: random.Random) -> Case:
     """Drawn replicas: leading runs, stray blocks, loads and a penalty."""
     chain = _chain(rng.randrange(1, 10))
@@ -486,7 +589,7 @@ def _fresh_scorer(seed: int) -> list[Case]:
     """One drawn case of each kind the fixed cases hold, and two of drawn replicas."""
     rng = random.Random(seed)
     return [draw(rng) for draw in (_scorer_load, _scorer_leading, _scorer_tie, _scorer_tokens,
-                                   _scorer_drawn, _scorer_drawn)]
+                                   _scorer_whole_chain, _scorer_drawn, _scorer_drawn)]
 
 
 # --- 09.choose_tier: reading the metrics --------------------------------------------------
@@ -501,15 +604,19 @@ def _hit_rate(row: dict[str, int]) -> float:
 
 def _expected_tier(study: dict[float, dict[str, int]], share: float,
                    rate: Callable[[dict[str, int]], float] = _hit_rate,
-                   smallest: Callable[[Sequence[float]], float] = min) -> float:
+                   smallest: Callable[[Sequence[float]], float] = min,
+                   strictly: bool = False) -> float | None:
     """The smallest multiple whose gain over no tier reaches ``share`` of the best gain;
-    ``rate`` and ``smallest`` are a slip's, for the hints."""
+    ``rate``, ``smallest`` and ``strictly`` (a gain must pass the share, not reach it) are a
+    slip's, for the hints (None where the slip finds no multiple)."""
     base = rate(study[0.0])
     gains = {m: rate(row) - base for m, row in study.items()}
     best = max(gains.values())
     if best <= 0:
         return 0.0
-    return smallest([m for m, g in gains.items() if g >= share * best])
+    found = [m for m, g in gains.items() if (g > share * best if strictly else
+                                             g >= share * best)]
+    return smallest(found) if found else None
 
 
 TIER_HITS = ("tier hits are hits too: a run's hit rate is (GPU hits + tier hits) / queries of "
@@ -521,6 +628,13 @@ TIER_GAIN = ("share is a share of the best GAIN over the run without a tier (rat
              "0), not of the best hit rate")
 TIER_ORDER = ("the rows need not come in order: choose the smallest multiple that reaches the "
               "share, not the first row that does")
+TIER_AT_SHARE = ("a gain of exactly share x the best gain reaches the share: >=, not >")
+TIER_DENOMINATOR = ("a run's hit (or miss) rate is over ALL its looked-up tokens, "
+                    "prefix_cache_queries, not over the tokens the GPU missed (those the tier "
+                    "was asked): the GPU's hits differ between runs, so that rate compares "
+                    "different things")
+TIER_A_FLOAT = ("return a float, as the study's multiples are: 0.0 where no tier gains "
+                "anything, not 0")
 TIER_SMALLEST = ("choose the SMALLEST tier whose gain reaches share x the best gain: a larger "
                  "one buys little more")
 
@@ -538,8 +652,29 @@ def _tier_mistakes(study: dict[float, dict[str, int]], share: float
         (_expected_tier(study, share, hits), TIER_PER_QUERY),
         (min(m for m, r in rates.items() if r >= share * max(rates.values())), TIER_GAIN),
         (_expected_tier(study, share, smallest=lambda found: found[0]), TIER_ORDER),
+        (_expected_tier(study, share, strictly=True), TIER_AT_SHARE),
+        (_expected_tier(study, share, _asked_rate), TIER_DENOMINATOR),
         (max(study), TIER_SMALLEST),
     ]
+
+
+def _asked_rate(row: dict[str, int]) -> float:
+    """The slip's rate: the tier's hits over what it was asked (the GPU's misses), one
+    minus the miss rate over that denominator."""
+    asked = row["prefix_cache_queries"] - row["prefix_cache_hits"]
+    return row["external_prefix_cache_hits"] / asked if asked else 0.0
+
+
+def _a_float(compare: Callable[[Any, Any], Verdict]) -> Callable[[Any, Any], Verdict]:
+    """``compare``, naming an int that equals the expected float multiple."""
+    def typed(got: Any, expected: Any) -> Verdict:
+        verdict = compare(got, expected)
+        if (not verdict.passed and type(got) is int and type(expected) is float
+                and got == expected):
+            return Verdict(False, verdict.differs, TIER_A_FLOAT)
+        return verdict
+
+    return typed
 
 
 def _row(queries: int, gpu: int, tier: int) -> dict[str, int]:
@@ -551,7 +686,8 @@ def _tier_case(study: dict[float, dict[str, int]], share: float, hint: str) -> C
     call = f"choose_tier({study}, share={share})"
     return Case(call, lambda fn, s=study, f=share: fn({m: dict(r) for m, r in s.items()}, f),
                 _expected_tier(study, share), hint,
-                recognising(_tier_mistakes(study, share)))
+                _a_float(recognising([(value, slip) for value, slip in
+                                      _tier_mistakes(study, share) if value is not None])))
 
 
 STUDY = {0.0: _row(1000, 600, 0), 1.0: _row(1000, 600, 80), 4.0: _row(1000, 600, 95),
@@ -563,9 +699,12 @@ def _tier_cases() -> list[Case]:
         _tier_case(STUDY, 0.9, "gains over no tier: 0.08, 0.095, 0.10; 90% of the best "
                    "(0.09) is first reached at 4x"),
         _tier_case(STUDY, 0.5, "half of the best gain is already reached at 1x"),
+        _tier_case({0.0: _row(1024, 512, 0), 1.0: _row(1024, 512, 64),
+                    4.0: _row(1024, 512, 128), 16.0: _row(1024, 512, 128)}, 0.5,
+                   f"1x gains 64/1024, exactly half of the best, 128/1024: {TIER_AT_SHARE}"),
         _tier_case(STUDY, 1.0, "all of the gain needs the largest tier here"),
         _tier_case({0.0: _row(500, 300, 0), 2.0: _row(520, 300, 0)}, 0.9,
-                   "no tier gains anything: choose 0"),
+                   f"no tier gains anything: {TIER_A_FLOAT}"),
         _tier_case({0.0: _row(800, 400, 0), 1.0: _row(900, 420, 60),
                     8.0: _row(1000, 430, 140)}, 0.8,
                    "a hit rate is (GPU hits + tier hits) / queries of its own row: the "
@@ -576,6 +715,10 @@ def _tier_cases() -> list[Case]:
                    "rate, 0.6, is below the 8x run's 0.65"),
         _tier_case({16.0: _row(1000, 600, 100), 0.0: _row(1000, 600, 0),
                     4.0: _row(1000, 600, 95)}, 0.9, "the rows need not come in order"),
+        _tier_case({0.0: _row(1024, 512, 0), 1.0: _row(1024, 512, 192),
+                    4.0: _row(1024, 256, 480), 16.0: _row(1024, 256, 496)}, 0.75,
+                   "the 4x and 16x runs found fewer tokens in the GPU cache: gains 0.1875, "
+                   f"0.21875, 0.234375 of all queries; {TIER_DENOMINATOR}"),
     ]
 
 
@@ -631,7 +774,39 @@ def _tier_none(rng: random.Random) -> Case:
     for multiple in rng.sample(MULTIPLES, rng.randint(1, 3)):
         other = rng.randrange(500, 5000)
         study[multiple] = _row(other, int(base * other * rng.uniform(0.8, 1.0)), 0)
-    return _tier_case(study, rng.choice([0.5, 0.8, 0.9]), "no tier gains anything: choose 0")
+    return _tier_case(study, rng.choice([0.5, 0.8, 0.9]),
+                      f"no tier gains anything: {TIER_A_FLOAT}")
+
+
+def _tier_at_share(rng: random.Random) -> Case:
+    """A gain of exactly share x the best gain (counts over a power of two, so every rate is
+    exact), a larger gain below the best, and the best."""
+    queries = 2 ** rng.randint(10, 13)
+    base = rng.randint(queries // 4, queries // 2)
+    best = 4 * rng.randint(4, (queries - base) // 4)
+    share = rng.choice([0.25, 0.5, 0.75])
+    at = int(share * best)
+    tiers = [at, rng.randint(at + 1, best - 1), best]
+    multiples = sorted(rng.sample(MULTIPLES, 3))
+    study = {0.0: _row(queries, base, 0)} | {
+        m: _row(queries, base, t) for m, t in zip(multiples, tiers, strict=True)}
+    return _tier_case(study, share, TIER_AT_SHARE)
+
+
+def _tier_denominator(rng: random.Random) -> Case:
+    """Runs whose GPU hits differ, drawn until the rate over all queries and the rate over
+    the GPU's misses choose different tiers (counts over a power of two: exact rates)."""
+    while True:
+        queries = 2 ** rng.randint(10, 12)
+        base = rng.randint(queries // 3, queries // 2)
+        study = {0.0: _row(queries, base, 0)}
+        for multiple in sorted(rng.sample(MULTIPLES, 3)):
+            gpu = rng.randint(base // 2, base)
+            study[multiple] = _row(queries, gpu, rng.randint(0, queries - gpu - 1))
+        share = rng.choice([0.25, 0.5, 0.75])
+        right = _expected_tier(study, share)
+        if right not in (0.0, _expected_tier(study, share, _asked_rate)):
+            return _tier_case(study, share, TIER_DENOMINATOR)
 
 
 def _tier_drawn(rng: random.Random) -> Case:
@@ -648,7 +823,7 @@ def _fresh_tier(seed: int) -> list[Case]:
     """One drawn study of each kind the fixed cases hold, and one of any shape."""
     rng = random.Random(seed)
     return [draw(rng) for draw in (_tier_gain, _tier_order, _tier_rates, _tier_none,
-                                   _tier_drawn)]
+                                   _tier_at_share, _tier_denominator, _tier_drawn)]
 
 
 # --- registry ----------------------------------------------------------------------------

@@ -65,12 +65,17 @@ def window_free(mistake: str = "") -> Any:
     """The notebook's design, with ``mistake`` switched on (empty: none)."""
     def fn(table: list[int], ref_counts: dict[int, int], num_computed: int, window: int,
            block_size: int) -> tuple[list[int], list[int]]:
-        if mistake != "no_check" and (window < 1 or block_size < 1 or num_computed < 0):
+        checked = {"no_check": (), "window_only": (window,),
+                   "no_computed_check": (window, block_size)}.get(
+                       mistake, (window, block_size, num_computed + 1))
+        if any(value < 1 for value in checked):
             raise ValueError("bad input")
         reads_from = num_computed - window + (0 if mistake == "off_by_one" else 1)
         first = max(0, reads_from) // block_size
         if mistake == "ceil":
             first = math.ceil(max(0, reads_from) / block_size)
+        if mistake == "whole_blocks":  # the window as window // block_size blocks behind
+            first = max(0, num_computed // block_size - window // block_size)
         if mistake == "truncate":  # drops the entries instead of nulling them
             freed = [b for b in table[:first] if b and ref_counts[b] == 1]
             return table[first:], freed
@@ -116,7 +121,7 @@ def prefix_hit(mistake: str = "") -> Any:
     def fn(cached: list[list[bool]], windows: list[int | None], block_size: int,
            num_tokens: int) -> int:
         limit = (num_tokens if mistake == "last_token" else max(num_tokens - 1, 0)) // block_size
-        unit = 1 if mistake == "in_blocks" else block_size
+        unit = {"in_blocks": 1, "a_float": block_size / 1}.get(mistake, block_size)
         groups = list(zip(cached, windows, strict=True))
         if mistake == "upward":  # grow k while every group serves it
             k = 0
@@ -154,8 +159,8 @@ def prefix_hit_upward(cached: list[list[bool]], windows: list[int | None], block
 
 # --- exercise 4: a windowed decode kernel with switchable mistakes ------------------------------
 
-NONE, IGNORE_WINDOW, WINDOW_PLUS_ONE, WINDOW_MINUS_ONE, SCORES_ONLY, BLOCK_START = map(
-    tl.constexpr, range(6))
+NONE, IGNORE_WINDOW, WINDOW_PLUS_ONE, WINDOW_MINUS_ONE, SCORES_ONLY, BLOCK_START, \
+    INT32_BLOCK, RANGE_TO_WINDOW, RANGE_TO_WINDOW_NAN = map(tl.constexpr, range(9))
 
 
 @triton.jit
@@ -193,12 +198,19 @@ def windowed_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, scale
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(loop_from, seq_len, TILE_N):
+    loop_to = seq_len
+    if MISTAKE == RANGE_TO_WINDOW:  # a length taken for an end
+        loop_to = window
+    if MISTAKE == RANGE_TO_WINDOW_NAN:
+        loop_to = window
+    for start in range(loop_from, loop_to, TILE_N):
         tokens = start + tl.arange(0, TILE_N)
         ok = (tokens < seq_len) & (tokens >= lo)
         load_ok = tokens < seq_len if MISTAKE == SCORES_ONLY else ok
         block = tl.load(table_ptr + seq * stride_tb + (tokens // BLOCK_SIZE) * stride_tn,
-                        mask=load_ok, other=0).to(tl.int64)
+                        mask=load_ok, other=0)
+        if MISTAKE != INT32_BLOCK:
+            block = block.to(tl.int64)
         slot = tokens % BLOCK_SIZE
         k = tl.load(k_ptr + (block * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
                     + dims[None, :] * stride_kd, mask=load_ok[:, None], other=0.0)
@@ -212,6 +224,8 @@ def windowed_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, scale
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
+    if MISTAKE == RANGE_TO_WINDOW:  # with chapter 06's guard of an empty split: zeros
+        l_i = tl.where(l_i > 0, l_i, 1.0)
     tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
              acc / l_i[:, None], mask=row_ok[:, None])
 
@@ -285,7 +299,13 @@ MUTANTS = [
     Mutant(FREE, "the null entries not skipped", window_free("no_null_skip"),
            "entries already 0 are the null block"),
     Mutant(FREE, "no check of the inputs", window_free("no_check"),
-           "a window of 0 tokens: raise ValueError"),
+           "a window below 1 token"),
+    Mutant(FREE, "only the window checked: block_size 0 divides by zero",
+           window_free("window_only"), "not a ZeroDivisionError"),
+    Mutant(FREE, "a negative num_computed not checked", window_free("no_computed_check"),
+           "a negative num_computed"),
+    Mutant(FREE, "the window counted in whole blocks (window // block_size behind)",
+           window_free("whole_blocks"), "not window // block_size whole blocks"),
     Mutant(HIT, "a hit that satisfies only the full group", prefix_hit("full_only"),
            "every group must serve the hit"),
     Mutant(HIT, "the window group needs W positions before k x block_size",
@@ -300,6 +320,7 @@ MUTANTS = [
            "try k from the largest down"),
     Mutant(HIT, "each group's own best k, then the smallest", prefix_hit("min_of_bests"),
            "the SAME k"),
+    Mutant(HIT, "the hit as a float", prefix_hit("a_float"), "return an int"),
     Mutant(DECODE, "the window ignored: the loop from 0", windowed(IGNORE_WINDOW),
            "not at 0"),
     Mutant(DECODE, "the window from seq_len - window - 1", windowed(WINDOW_PLUS_ONE),
@@ -310,4 +331,9 @@ MUTANTS = [
            "mask the loads as well as the scores"),
     Mutant(DECODE, "the loop from the window's first block, unmasked below the window",
            windowed(BLOCK_START), "inside the block that holds it"),
+    Mutant(DECODE, "block id in 32 bits", windowed(INT32_BLOCK), "tl.int64"),
+    Mutant(DECODE, "the loop to window, not to seq_len: nothing read, l guarded",
+           windowed(RANGE_TO_WINDOW), "nothing was attended"),
+    Mutant(DECODE, "the loop to window, not to seq_len: nothing read, 0 / 0",
+           windowed(RANGE_TO_WINDOW_NAN), "no position was kept at all"),
 ]

@@ -178,6 +178,36 @@ class CountedStore(OrderedStore):
         return self.counted
 
 
+class IfStore(OrderedStore):
+    """Drops at most one entry per put: an if where a while belongs."""
+
+    def put(self, key: str, nbytes: int) -> list[str]:
+        if key in self.entries or nbytes > self.capacity:
+            return super().put(key, nbytes)
+        self.entries[key] = nbytes
+        if sum(self.entries.values()) > self.capacity:
+            return [self.entries.popitem(last=False)[0]]
+        return []
+
+
+class WholeCapacityRefusedStore(OrderedStore):
+    """Refuses an entry of exactly the capacity (>= where > belongs)."""
+
+    def put(self, key: str, nbytes: int) -> list[str]:
+        if key not in self.entries and nbytes >= self.capacity:
+            return []
+        return super().put(key, nbytes)
+
+
+class ResizingStore(OrderedStore):
+    """Putting a key already held stores its new size (and drops for it)."""
+
+    def put(self, key: str, nbytes: int) -> list[str]:
+        if key in self.entries and nbytes <= self.capacity:
+            del self.entries[key]
+        return super().put(key, nbytes)
+
+
 # --- the ring ------------------------------------------------------------------------------
 
 
@@ -198,6 +228,16 @@ class BisectRing:
         if not self.points:
             raise ValueError("empty ring")
         at = bisect.bisect_left(self.points, (ring_position(key), -1))
+        return self.points[at % len(self.points)][1]
+
+
+class StrictlyAfterRing(BisectRing):
+    """Gives a key to the first point strictly after it (bisect_right)."""
+
+    def lookup(self, key: str) -> int:
+        if not self.points:
+            raise ValueError("empty ring")
+        at = bisect.bisect_right(self.points, (ring_position(key), float("inf")))
         return self.points[at % len(self.points)][1]
 
 
@@ -313,6 +353,14 @@ def choose_in_blocks(chain: list[str], held: list[set[str]], loads: list[int],
     return choose(chain, held, loads, 1, load_penalty)
 
 
+def choose_capped(chain: list[str], held: list[set[str]], loads: list[int],
+                  block_size: int, load_penalty: float) -> int:
+    """The hit capped one block short of the chain, as if its last token were computed."""
+    scores = [min(leading(chain, h), len(chain) - 1) * block_size - load_penalty * load
+              for h, load in zip(held, loads, strict=True)]
+    return max(range(len(held)), key=lambda r: (scores[r], -loads[r], -r))
+
+
 def choose_tie_by_index(chain: list[str], held: list[set[str]], loads: list[int],
                         block_size: int, load_penalty: float) -> int:
     """A tie goes to the lower index, whatever the loads."""
@@ -368,6 +416,35 @@ def choose_tier_first_row(study: Study, share: float) -> float:
     return next((m for m, g in gains.items() if g >= share * best), 0.0) if best > 0 else 0.0
 
 
+def choose_tier_passing(study: Study, share: float) -> float:
+    """A gain must pass share x the best gain (>), not reach it; the largest when none does."""
+    gains = {m: hit_rate(row) - hit_rate(study[0.0]) for m, row in study.items()}
+    best = max(gains.values())
+    if best <= 0:
+        return 0.0
+    return min((m for m, g in gains.items() if g > share * best), default=max(study))
+
+
+def choose_tier_tier_rate(study: Study, share: float) -> float:
+    """Miss rates over the tokens the GPU missed (what the tier was asked), not over all
+    queries: the gain is the fall in that miss rate."""
+    def miss_rate(row: dict[str, int]) -> float:
+        asked = row["prefix_cache_queries"] - row["prefix_cache_hits"]
+        return (asked - row["external_prefix_cache_hits"]) / asked
+
+    gains = {m: miss_rate(study[0.0]) - miss_rate(row) for m, row in study.items()}
+    best = max(gains.values())
+    if best <= 0:
+        return 0.0
+    return min(m for m, g in gains.items() if g >= share * best)
+
+
+def choose_tier_int_zero(study: Study, share: float) -> float:
+    """The notebook's design, but 0 (an int) where no tier gains anything."""
+    found = choose_tier(study, share)
+    return 0 if found == 0.0 else found
+
+
 def choose_tier_exact(study: Study, share: float) -> float:
     """Another design: exact fractions, multiples in ascending order, the first that reaches
     the share of the best gain."""
@@ -409,10 +486,18 @@ MUTANTS = [
            "exactly capacity bytes fit"),
     Mutant(LRU, "a drop does not lower the byte count", CountedStore,
            "each drop frees its bytes"),
+    Mutant(LRU, "at most one entry dropped per put (if, not while)", IfStore,
+           "WHILE the bytes exceed the capacity"),
+    Mutant(LRU, "an entry of exactly the capacity refused", WholeCapacityRefusedStore,
+           "an entry of exactly the capacity fits"),
+    Mutant(LRU, "a re-put stores its new size", ResizingStore,
+           "keeps the size it was stored with"),
     Mutant(RING, "hash % N", ModuloRing, "hash % N moves almost all"),
     Mutant(RING, "no wrap past the last point", NoWrapRing, "wraps around the ring"),
     Mutant(RING, "the last point before the key", PredecessorRing, "(clockwise)"),
     Mutant(RING, "one point per replica", OnePointRing, "for v in range(vnodes)"),
+    Mutant(RING, "the first point strictly after the key", StrictlyAfterRing,
+           "AT or after the key"),
     Mutant(RING, "no check on an empty ring", UncheckedEmptyRing,
            "an empty ring has no owner"),
     Mutant(RING, "a replica added twice", TwiceRing, "a replica already on the ring"),
@@ -422,6 +507,8 @@ MUTANTS = [
     Mutant(SCORER, "hits in blocks, not tokens", choose_in_blocks, "hits are in tokens"),
     Mutant(SCORER, "a tie to the lower index, whatever the loads", choose_tie_by_index,
            "the less loaded wins"),
+    Mutant(SCORER, "the hit capped one block short of the chain", choose_capped,
+           "up to len(chain), not len(chain) - 1"),
     Mutant(TIER, "tier hits left out", choose_tier_gpu_only, "(GPU hits + tier hits) / queries"),
     Mutant(TIER, "the largest tier", choose_tier_largest, "SMALLEST tier"),
     Mutant(TIER, "hit counts, not rates", choose_tier_by_counts, "compare hit RATES"),
@@ -429,6 +516,10 @@ MUTANTS = [
            "not of the best hit rate"),
     Mutant(TIER, "the first row that reaches the share", choose_tier_first_row,
            "the rows need not come in order"),
+    Mutant(TIER, "> for >= at the share", choose_tier_passing, ">=, not >"),
+    Mutant(TIER, "miss rates over the GPU's misses", choose_tier_tier_rate,
+           "not over the tokens the GPU missed"),
+    Mutant(TIER, "0 (an int) for 0.0", choose_tier_int_zero, "0.0 where no tier gains"),
 ]
 
 
