@@ -50,8 +50,9 @@ from course_lib.workload import Request, check_trace_size, validate_trace
 class ClusterConfig:
     """The cluster: ``replicas`` copies of ``server`` (a paged :class:`SimConfig`), each
     with a CPU tier of ``tier_bytes`` (0: none; needs prefix caching), behind a router of
-    ``policy``. ``load_penalty`` is the prefix-aware router's price of one queued request
-    in cached tokens; ``vnodes`` the points per replica on the session-affinity ring."""
+    ``policy``. ``load_penalty`` is the prefix-aware router's price, in cached tokens, of
+    one request a replica already has (running or waiting); ``vnodes`` the points per
+    replica on the session-affinity ring."""
 
     replicas: int = 8
     server: SimConfig = field(default_factory=lambda: SimConfig(prefix_caching=True))
@@ -103,7 +104,10 @@ CLUSTER_METRICS: dict[str, str] = {
     "recomputed_tokens": "tokens prefilled again when a preempted request resumed",
     "preemptions": "times a running request was pushed out, all replicas",
     "load_imbalance": "sum over steps of the busiest replica's running requests / of the mean",
-    "steps": "steps until the last request finished (the shared clock)",
+    "clock_steps": "steps of the shared clock until the last request finished (idle steps "
+                   "included)",
+    "batch_steps": "steps in which a replica ran a batch, summed over the replicas (the "
+                   "single-server simulator's steps, for one replica)",
     "seconds": "simulated time of the slowest replica",
     "p50_ttft_steps": "median steps from arrival to first token (the admission step counts)",
     "p99_ttft_steps": "99th-percentile steps from arrival to first token",
@@ -150,7 +154,8 @@ class ClusterResult:
     recomputed_tokens: int
     preemptions: int
     load_imbalance: float
-    steps: int
+    clock_steps: int
+    batch_steps: int
     seconds: float
     p50_ttft_steps: float
     p99_ttft_steps: float
@@ -513,7 +518,8 @@ class _ClusterRun:
             "recomputed_tokens": sum(r.recomputed_tokens for r in results),
             "preemptions": sum(r.preemptions for r in results),
             "load_imbalance": float(busiest / mean) if mean else 1.0,
-            "steps": steps,
+            "clock_steps": steps,
+            "batch_steps": sum(r.steps for r in results),
             "seconds": max(r.seconds for r in results),
             **_percentiles("ttft_steps", ttft_steps), **_percentiles("e2e_steps", e2e_steps),
             **_percentiles("ttft", ttft), **_percentiles("e2e", e2e),

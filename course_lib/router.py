@@ -3,19 +3,30 @@ prefix is cached there.
 
 Four policies (:data:`ROUTE_POLICIES`):
 
-- ``round-robin`` sends request k to replica k mod N: even load, and a conversation's turns
-  scattered over every replica, so each replica caches every system prompt and few
-  histories.
+- ``round-robin`` sends the k-th request to arrive (counting from 0) to replica k mod N:
+  even load, and a conversation's turns scattered over every replica, so each replica
+  caches every system prompt and few histories.
 - ``least-loaded`` sends each request to the replica with the fewest requests (running or
   waiting), lowest index on a tie: the best load balance, blind to caches.
 - ``session-affinity`` hashes the conversation onto a ring of replicas (:class:`HashRing`,
   consistent hashing): every turn lands where the previous one left its history, whatever
   the load, and a replica joining moves only about 1/N of the conversations.
 - ``prefix-aware`` scores each replica by the prompt tokens it would find cached there,
-  minus ``load_penalty`` tokens per request it already has (:func:`prefix_aware_choice`),
-  from a router-side index of which block hashes each replica holds (:class:`PrefixIndex`,
-  updated from admissions and evictions). llm-d's prefix-cache scorer, the Kubernetes
-  Gateway API Inference Extension and SGLang's cache-aware router work this way.
+  minus ``load_penalty`` tokens per request it already has, running or waiting
+  (:func:`prefix_aware_choice`), from a router-side index of which block hashes each
+  replica holds (:class:`PrefixIndex`, updated from admissions and evictions).
+
+Real routers weigh the same two things, each its own way. llm-d's inference scheduler, built
+on the endpoint picker of the Kubernetes Gateway API Inference Extension, filters the
+candidate pods, then adds up weighted scorers, each scoring a pod from 0 to 1: the share of the
+prompt's blocks the prefix-cache scorer believes the pod holds, and load scorers (queue
+depth, KV-cache use); the highest total wins. SGLang's cache-aware router does not add
+them: while load is balanced it sends a request to the worker whose approximate radix tree
+matches the most of its prompt (when the match rate passes a threshold, else to the worker
+with the smallest tree), and once load is uneven (the busiest worker past both an absolute
+and a relative threshold over the idlest) it sends it to the shortest queue, caches
+ignored. The course's score is of llm-d's kind, one cache term and one load term added up,
+but counted in tokens rather than scaled to 0-1.
 """
 
 from __future__ import annotations

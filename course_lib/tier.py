@@ -4,9 +4,15 @@ Chapter 04's prefix cache forgets a block when the pool hands it to someone else
 tier, the pool first copies the block's K/V to a bounded CPU store keyed by its block hash
 (:class:`CpuTier`, least recently used out first). A later request looks up its prefix in
 the GPU cache first, then goes on in the tier; the blocks found there are copied back over
-PCIe into fresh GPU blocks instead of being computed again. vLLM's offloading connector
-(native, or LMCache) does this; the serving core (``course_lib.serving``) asks the pool for
-the tier's share of a hit and has the blocks copied back when it admits the request.
+PCIe into fresh GPU blocks instead of being computed again. The serving core
+(``course_lib.serving``) asks the pool for the tier's share of a hit and has the blocks
+copied back when it admits the request.
+
+vLLM's offloading connector (native, or LMCache) keeps such a tier but fills it at another
+moment: it stores each block as soon as the block is computed and full (the connector's
+scheduler side picks them every step; the worker copies them asynchronously), not when the
+GPU evicts it. Its CPU copies therefore exist while the GPU still holds the block, and an
+eviction costs nothing; here a block crosses PCIe only when the GPU evicts it.
 
 The tier is inclusive, as vLLM's CPU offloading is: a block copied back stays in the tier
 (it just becomes the most recently used), so its next eviction from the GPU costs no copy.

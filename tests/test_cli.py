@@ -211,3 +211,21 @@ def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, err
     assert err == ""
+
+
+def test_only_the_entry_point_imports_the_command_layer() -> None:
+    """The library sits below the commands: no module outside ``course_lib/commands``
+    imports them except ``__main__`` (flag types live in ``course_lib.arg_types``)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "course_lib"
+    upward = []
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root)
+        if relative.parts[0] == "commands" or relative.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            upward += [f"{relative}: {n}" for n in names if n.startswith("course_lib.commands")]
+    assert upward == []

@@ -59,10 +59,10 @@ FLAGS: dict[str, tuple[str, ...]] = {
                  "--max-len", "--budget-gib", "--fit", "--policy", "--preemption",
                  "--max-num-seqs", "--max-num-batched-tokens", "--swap-space-gib",
                  "--cost-model", "--step-ms", "--price-per-hour", "--cpu-tier-gib",
-                 "--hybrid", "--requests"),
+                 "--cpu-tier-pools", "--hybrid", "--requests"),
     "route": (*MODEL_FLAGS, "--seed", "--replicas", "--router", "--load-penalty",
               "--block-size", "--max-len", "--budget-gib", "--max-num-seqs", "--cpu-tier-gib",
-              "--cost-model", "--p99-ttft-target"),
+              "--cpu-tier-pools", "--arrival-rate", "--cost-model", "--p99-ttft-target"),
 }
 """Every value-taking flag of each sub-command."""
 
@@ -78,7 +78,8 @@ PLAUSIBLE: dict[str, st.SearchStrategy[str]] = {
     flag: st.floats(low, high).map(repr) for flag, (low, high) in {
         "--budget-gib": (1e-6, 200.0), "--swap-space-gib": (0.0, 100.0),
         "--step-ms": (0.0, 100.0), "--price-per-hour": (0.0, 1000.0),
-        "--cpu-tier-gib": (0.0, 16.0), "--load-penalty": (0.0, 500.0),
+        "--cpu-tier-gib": (0.0, 16.0), "--cpu-tier-pools": (0.0, 8.0),
+        "--arrival-rate": (1e-3, 4.0), "--load-penalty": (0.0, 500.0),
         "--p99-ttft-target": (0.001, 10.0)}.items()
 }
 """Values a careful user might type, some still refused (a budget too small for a block)."""

@@ -44,6 +44,7 @@ def test_one_replica_reproduces_the_simulator(prefix_caching: bool, preemption: 
     for policy in ("round-robin", "prefix-aware"):
         run = simulate_cluster(trace, ClusterConfig(replicas=1, server=config, policy=policy))
         replica = run.replicas[0]
+        assert run.batch_steps == replica.steps <= run.clock_steps  # idle clock steps too
         assert (replica.steps, replica.output_tokens, replica.preemptions,
                 replica.recomputed_tokens, replica.swapped_bytes) == (
             single.steps, single.output_tokens, single.preemptions,
@@ -179,8 +180,8 @@ def test_bad_calls() -> None:
         simulate_cluster([Request(0, 9000, 2)], ClusterConfig(server=server()))
 
 
-def test_replica_pools_draw_every_replica_in_one_row() -> None:
-    from course_lib.viz.replicas import replica_pools, replica_timeline
+def test_replica_pools_stack_every_replica_and_name_requests() -> None:
+    from course_lib.viz.replicas import conversation_labels, replica_pools, replica_timeline
 
     rows = []
 
@@ -197,6 +198,7 @@ def test_replica_pools_draw_every_replica_in_one_row() -> None:
     assert watched.metrics == plain.metrics and watched.done_step == plain.done_step
     picture = replica_pools(rows[10], title="two replicas")
     assert picture.svg.count('class="course-pool"') == 2
+    assert picture.svg.count('<svg x="0" y="') == 2  # one above the other, full width
     assert repr(picture).splitlines()[0] == "two replicas" and len(repr(picture).splitlines()) == 3
     assert picture.svg == replica_pools(rows[10], title="two replicas").svg
     timeline = replica_timeline(rows, name="replicas")
@@ -205,3 +207,12 @@ def test_replica_pools_draw_every_replica_in_one_row() -> None:
         replica_pools([], title="none")
     with pytest.raises(ValueError, match="every step needs a snapshot of every replica"):
         replica_timeline([rows[0], rows[1][:1]], name="replicas")
+
+    names = conversation_labels(trace)
+    assert names[str(trace[0].id)] == "chat 1, turn 1"
+    later = next(r for r in trace if r.follows == trace[0].id)
+    assert names[str(later.id)] == "chat 1, turn 2"
+    assert len(set(names.values())) == len(trace)
+    named = replica_pools(rows[10], title="two replicas", labels=names)
+    shown = {rid for s in rows[10] for rid in s.tables}
+    assert shown and all(names[rid] in named.svg for rid in shown)

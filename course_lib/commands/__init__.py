@@ -4,8 +4,12 @@ A command module defines ``register(subparsers)``, which adds its parser and set
 ``run=<function(args) -> int>`` as the parser default. Adding a command means adding a
 module here and its name to ``COMMAND_MODULES``.
 
-Every flag is checked while parsing: its ``type`` (:func:`integer`, :func:`number`) refuses
-values out of range, naming the flag, so a command's ``run`` only sees values it can use.
+Every flag is checked while parsing: its ``type`` (:func:`integer`, :func:`number`, from
+``course_lib.arg_types``) refuses values out of range, naming the flag, so a command's
+``run`` only sees values it can use.
+
+A lecture that quotes a command line shows the figures it prints with :func:`quoted_json`;
+``tests/test_lecture_commands.py`` runs every quoted line and compares.
 """
 
 from __future__ import annotations
@@ -13,12 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
-from course_lib.validate import bound_text, describe
+from course_lib.arg_types import integer as integer  # the flag types, for the commands
+from course_lib.arg_types import number as number
 
 COMMAND_MODULES: tuple[str, ...] = (
     "kv_size",
@@ -54,41 +58,6 @@ def register_all(subparsers: argparse._SubParsersAction) -> None:
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"course_lib.commands.{name}")
         module.register(subparsers)
-
-
-def integer(minimum: int, maximum: int) -> Callable[[str], int]:
-    """A ``type=`` for an integer flag in ``[minimum, maximum]``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer from {minimum:,} to {maximum:,}, got {describe(text)}")
-        return value
-
-    return parse
-
-
-def number(minimum: float, maximum: float, *, above: bool = False) -> Callable[[str], float]:
-    """A ``type=`` for a finite number flag in ``[minimum, maximum]``, or in
-    ``(minimum, maximum]`` with ``above``."""
-    low = f"above {bound_text(minimum)}" if above else f"from {bound_text(minimum)}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and (value > minimum if above else value >= minimum)
-                and value <= maximum):
-            raise argparse.ArgumentTypeError(
-                f"must be a number {low} to {bound_text(maximum)}, got {describe(text)}")
-        return value
-
-    return parse
 
 
 def refuse_together(flag: str, other: str, why: str) -> NoReturn:
@@ -128,3 +97,19 @@ def format_table(rows: list[tuple[str, str]]) -> str:
     """Two aligned columns, label and value, for the human-readable output."""
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def quoted_json(line: str, payload: Mapping[str, Any], keys: Iterable[str]) -> str:
+    """What a lecture prints for a command line it quotes (``python -m course_lib ...``): the
+    line with ``--json`` after ``$``, then the figures of ``keys`` from ``payload`` (the
+    library's run that the command repeats) as one JSON object, the command's own names and
+    values. ``tests/test_lecture_commands.py`` runs the line and requires the same values."""
+    prefix = "python -m course_lib "
+    if not isinstance(line, str) or not line.startswith(prefix):
+        raise ValueError(f"a quoted command line starts with {prefix!r}, got {line!r}")
+    names = list(keys)
+    missing = [name for name in names if name not in payload]
+    if not names or missing:
+        raise ValueError(f"keys must name figures of the payload; missing {missing or names}")
+    shown = {name: payload[name] for name in names}
+    return f"$ {line} --json\n{json.dumps(shown, allow_nan=False)}"

@@ -17,6 +17,7 @@ from course_lib.commands import (
     add_json_flag,
     emit,
     format_table,
+    in_flag_terms,
     integer,
     number,
     refuse_together,
@@ -34,6 +35,7 @@ from course_lib.scheduler import SchedulerConfig
 from course_lib.simulator import ROOFLINE_COSTS, CostModel, SimConfig
 from course_lib.workload import (
     WORKLOADS,
+    MultiTurnShape,
     Request,
     check_trace_size,
     load_trace,
@@ -47,6 +49,13 @@ MAX_REPLICAS = 64
 MAX_CONVERSATIONS = 2000
 """Most conversations of the multi-turn preset on the command line (6,000 requests; the
 study uses 1,000): the run stays within seconds."""
+
+MAX_ARRIVAL_RATE = 1000.0
+"""Most conversations starting per step on the command line (the lecture's busy trace
+takes 2)."""
+
+MAX_TIER_POOLS = 1024.0
+"""Largest ``--cpu-tier-pools`` multiple (``course_lib.cluster.tier_study``'s limit)."""
 
 COST_MODELS: dict[str, CostModel] = {"source": CostModel(), "roofline": ROOFLINE_COSTS}
 """The cost models ``route`` and ``simulate`` offer by name."""
@@ -66,8 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--router", default="prefix-aware", choices=ROUTE_POLICIES,
                         help="routing policy (default: prefix-aware)")
     parser.add_argument("--load-penalty", type=number(0, 1e9),
-                        help="prefix-aware: cached tokens one queued request is worth "
-                        "(default: 64)")
+                        help="prefix-aware: cached tokens that one request a replica already "
+                        "has (running or waiting) costs its score (default: 64)")
     add_budget_arguments(parser)
     parser.set_defaults(budget_gib=4.0)
     add_model_arguments(parser)
@@ -79,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--workload``/``--trace``, ``--seed`` and ``--conversations``."""
+    """``--workload``/``--trace``, ``--seed``, ``--conversations`` and ``--arrival-rate``."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--workload", default="multi-turn", choices=TRACE_SOURCES,
                         help="named workload preset (default: multi-turn)")
@@ -87,23 +96,38 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=integer(0, MAX_INT), help="seed of the workload preset")
     parser.add_argument("--conversations", type=integer(1, MAX_CONVERSATIONS),
                         help="conversations of the multi-turn preset (default: 1,000)")
+    parser.add_argument("--arrival-rate", type=number(0, MAX_ARRIVAL_RATE, above=True),
+                        metavar="PER_STEP",
+                        help="conversations starting per step in the multi-turn preset "
+                        f"(default: {MultiTurnShape().arrival_rate:g})")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The replica's scheduler limit, CPU tier and cost model."""
     parser.add_argument("--max-num-seqs", type=integer(1, MAX_INT),
                         help="most running requests per step, per replica")
-    parser.add_argument("--cpu-tier-gib", type=number(0, MAX_BUDGET_GIB), default=0.0,
-                        help="CPU tier for evicted cached blocks, GiB per replica")
+    add_tier_arguments(parser)
     parser.add_argument("--cost-model", default="roofline", choices=sorted(COST_MODELS),
                         help="roofline (default): prefill and KV reads cost time; "
                         "source: flat 25 ms steps")
 
 
+def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-tier-gib`` or ``--cpu-tier-pools``: one replica's CPU tier, in GiB or in GPU
+    pools."""
+    tier = parser.add_mutually_exclusive_group()
+    tier.add_argument("--cpu-tier-gib", type=number(0, MAX_BUDGET_GIB),
+                      help="CPU tier for evicted cached blocks, GiB per replica")
+    tier.add_argument("--cpu-tier-pools", type=number(0, MAX_TIER_POOLS), metavar="MULTIPLE",
+                      help="the same tier sized as a multiple of the replica's GPU pool (the "
+                      "null block excluded), as chapter 09's tier study sizes it")
+
+
 def trace_from(args: argparse.Namespace) -> tuple[list[Request], str]:
     """The requests and their name: the ``--trace`` file or the preset."""
     if args.trace is not None:
-        for flag, value in (("--seed", args.seed), ("--conversations", args.conversations)):
+        for flag, value in (("--seed", args.seed), ("--conversations", args.conversations),
+                            ("--arrival-rate", args.arrival_rate)):
             if value is not None:
                 refuse_together(flag, "--trace", f"{flag} shapes a --workload preset")
         try:
@@ -115,10 +139,17 @@ def trace_from(args: argparse.Namespace) -> tuple[list[Request], str]:
     seed = {} if args.seed is None else {"seed": args.seed}
     if args.workload == "multi-turn":
         conversations = 1000 if args.conversations is None else args.conversations
-        return multi_turn(conversations, **seed), args.workload
-    if args.conversations is not None:
-        refuse_together("--conversations", f"--workload {args.workload}",
-                        "only the multi-turn preset has conversations")
+        shape = MultiTurnShape() if args.arrival_rate is None else MultiTurnShape(
+            arrival_rate=args.arrival_rate)
+        try:
+            return multi_turn(conversations, **seed, shape=shape), args.workload
+        except ValueError as error:  # arrivals spread too far for the trace's limits
+            raise in_flag_terms(error, ["arrival_rate"]) from None
+    for flag, value in (("--conversations", args.conversations),
+                        ("--arrival-rate", args.arrival_rate)):
+        if value is not None:
+            refuse_together(flag, f"--workload {args.workload}",
+                            "only the multi-turn preset has conversations")
     return workload(args.workload, **seed), args.workload
 
 
@@ -132,9 +163,13 @@ def server_from(args: argparse.Namespace, *, prefix_caching: bool = True) -> Sim
                      costs=COST_MODELS[args.cost_model], prefix_caching=prefix_caching)
 
 
-def tier_bytes_from(args: argparse.Namespace) -> int:
-    """``--cpu-tier-gib`` in bytes."""
-    return int(args.cpu_tier_gib * GIB)
+def tier_bytes_from(args: argparse.Namespace, server: SimConfig) -> int:
+    """``--cpu-tier-gib`` or ``--cpu-tier-pools`` in bytes (0 without either): a multiple of
+    ``server``'s pool is rounded down as ``course_lib.cluster.tier_study`` rounds it."""
+    if args.cpu_tier_pools is not None:
+        pool = (server.num_blocks - 1) * server.bytes_per_token * server.block_size
+        return int(args.cpu_tier_pools * pool)
+    return int((args.cpu_tier_gib or 0) * GIB)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
     if args.load_penalty is not None and args.router != "prefix-aware":
         refuse_together("--load-penalty", f"--router {args.router}",
                         "only the prefix-aware router weighs load against cached tokens")
-    config = ClusterConfig(replicas=args.replicas, server=server_from(args),
-                           tier_bytes=tier_bytes_from(args), policy=args.router,
+    server = server_from(args)
+    config = ClusterConfig(replicas=args.replicas, server=server,
+                           tier_bytes=tier_bytes_from(args, server), policy=args.router,
                            **({} if args.load_penalty is None
                               else {"load_penalty": args.load_penalty}))
     trace, name = trace_from(args)
@@ -194,7 +230,8 @@ def render_cluster(r: Mapping[str, Any]) -> str:
                                 f"({r['p50_ttft_steps']:g} / {r['p99_ttft_steps']:g} steps)"),
         ("end to end", f"p50 {r['p50_e2e']:.2f} s, p99 {r['p99_e2e']:.2f} s "
                        f"({r['p50_e2e_steps']:g} / {r['p99_e2e_steps']:g} steps)"),
-        ("simulated time", f"{r['seconds']:,.1f} s over {r['steps']:,} steps"),
+        ("simulated time", f"{r['seconds']:,.1f} s over {r['clock_steps']:,} clock steps "
+                           f"({r['batch_steps']:,} replica steps ran a batch)"),
     ]
     if "replicas_needed" in r:
         needed = r["replicas_needed"]

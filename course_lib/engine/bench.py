@@ -35,8 +35,8 @@ from typing import TypeVar
 
 import torch
 
+from course_lib.arg_types import integer
 from course_lib.attention import KERNEL_MODE
-from course_lib.commands import integer
 from course_lib.engine.contiguous import generate
 from course_lib.engine.engine import PagedEngine
 from course_lib.engine.loading import load_pretrained
