@@ -8,7 +8,9 @@ same ``BlockPool`` (one page size, one free queue). What differs by group:
 * **Window freeing.** A token at position p attends to positions p - W + 1 .. p. Before a
   sequence computes its next chunk, starting at position s, a window group hands back every
   block wholly before s - W + 1: nothing will read it again. Its table keeps the null block
-  in its place, so logical block i still sits at index i.
+  in its place, so logical block i still sits at index i. The blocks go back last block
+  first, as vLLM frees them, so of two cached blocks let go in one step the later one is
+  evicted first.
 * **The prefix-hit rule.** With a ``PrefixCachingBlockPool`` every group caches its full
   blocks, under the block's chained hash tagged with the group (vLLM keys its cache by hash
   and group). A full group can serve a hit of k blocks when blocks 0 .. k-1 are cached; a
@@ -18,13 +20,14 @@ same ``BlockPool`` (one page size, one free queue). What differs by group:
 
 Fork shares every held block of every group; appending into a shared, partly filled last
 block copies it first (copy-on-write) in each group; freeing (finishing or preemption)
-releases every group's blocks, tail first. Every operation checks that the pool can supply
-what it needs before it changes anything, and raises ``OutOfBlocks`` otherwise.
+releases each group's blocks as one batch, tail first. Every operation checks that the pool
+can supply what it needs before it changes anything, and raises ``OutOfBlocks`` otherwise.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -53,6 +56,21 @@ def first_needed_block(start: int, window: int | None, block_size: int) -> int:
     if window is None:
         return 0
     return max(0, start - check_int("window", window, 1) + 1) // block_size
+
+
+def table_name(seq_id: str, group: int, window: int | None) -> str:
+    """The name a snapshot gives group ``group``'s table of ``seq_id``:
+    ``"<sequence> g<group> (<kind>)"``, so a drawing colours each group apart."""
+    return f"{seq_id} g{group} ({'full' if window is None else f'window {window}'})"
+
+
+_GROUP_SUFFIX = re.compile(r" g\d+ \((?:full|window \d+)\)\Z")
+
+
+def request_of(table: str) -> str:
+    """The sequence whose table a snapshot names ``table``: the name without a group's
+    suffix (``table_name``), or the name itself."""
+    return _GROUP_SUFFIX.sub("", table)
 
 
 def group_hash(block_hash: BlockHash, group: int) -> BlockHash:
@@ -350,13 +368,12 @@ class HybridKVManager(SequenceLookup):
                                             seq.start, ids, list(seq.hashes), seq.salt)
 
     def free_sequence(self, seq_id: str) -> None:
-        """Drop a sequence (finished or preempted): every group's blocks, tail first."""
+        """Drop a sequence (finished or preempted): each group's blocks as one batch, last
+        block first (``BlockPool.free_batch``, as vLLM frees a request group by group)."""
         seq = self._get(seq_id)
         del self._seqs[seq_id]
         for table in seq.tables:
-            for block_id in reversed(table):
-                if block_id != NULL_BLOCK:
-                    self.pool.free(block_id)
+            self.pool._free_checked([b for b in reversed(table) if b != NULL_BLOCK])
 
     def stats(self) -> PrefixCacheStats:
         """Prefix-cache lookups so far (tokens asked for, tokens found)."""
@@ -365,16 +382,16 @@ class HybridKVManager(SequenceLookup):
         return PrefixCacheStats(self._queries, self._query_tokens, self._hit_tokens, evictions)
 
     def snapshot(self, label: str = "") -> PoolSnapshot:
-        """The pool now, each block owned by ``"<sequence> g<group> (<kind>)"``, so a drawing
-        colours each group of each sequence apart; tables are listed under the same names."""
+        """The pool now, each block owned by ``table_name(sequence, group, window)``, so a
+        drawing colours each group of each sequence apart; tables are listed under the same
+        names (``request_of`` gives a name's sequence back)."""
         fill: dict[int, int] = {}
         owners: dict[int, list[str]] = {}
         tables: dict[str, tuple[int, ...]] = {}
         lens: dict[str, int] = {}
         for seq_id, seq in self._seqs.items():
             for group, table in enumerate(seq.tables):
-                window = self.windows[group]
-                name = f"{seq_id} g{group} ({'full' if window is None else f'window {window}'})"
+                name = table_name(seq_id, group, self.windows[group])
                 tables[name], lens[name] = tuple(table), seq.length
                 for index, block_id in enumerate(table):
                     if block_id != NULL_BLOCK:
@@ -404,13 +421,18 @@ class HybridKVManager(SequenceLookup):
             self.pool.touch(held)
 
     def _free_outside_window(self, seq: _HybridSequence) -> None:
-        """Hand back each window group's blocks before the one the next chunk first reads."""
+        """Hand back each window group's blocks before the one the next chunk first reads,
+        as one batch per group, last block first (vLLM's ``remove_skipped_blocks``): cached
+        blocks join the back of the free queue in that order, so the later block of the
+        prompt is evicted first."""
         for group, (window, table) in enumerate(zip(self.windows, seq.tables, strict=True)):
             first = first_needed_block(seq.length, window, self.block_size)
-            for index in range(seq.dropped[group], first):
+            removed = []
+            for index in reversed(range(seq.dropped[group], first)):
                 if table[index] != NULL_BLOCK:
-                    self.pool.free(table[index])
+                    removed.append(table[index])
                     table[index] = NULL_BLOCK
+            self.pool._free_checked(removed)
             seq.dropped[group] = max(seq.dropped[group], first)
 
     def _cache_full_blocks(self, seq: _HybridSequence, done: int) -> None:

@@ -273,11 +273,16 @@ def window_blocks(num_tokens: int, window: int | None, block_size: int) -> int:
     return (num_tokens - 1) // block_size - first // block_size + 1
 
 
+GROUPING_RULES = ("vllm", "fill")
+"""How ``HybridModel.kv_cache_groups`` splits a model's layers: ``"vllm"`` is vLLM's rule,
+``"fill"`` the simpler one chapter 08 compares it with."""
+
+
 @dataclass(frozen=True)
 class KVCacheGroup:
     """Layers of one attention kind that share a block table (vLLM's KV-cache group):
     ``window`` is None for full attention; ``layers`` are the model layers in the group and
-    ``slots`` the layers one block has room for (the last group of a kind may be short)."""
+    ``slots`` the layers one block has room for (a group with fewer layers is padded)."""
 
     window: int | None
     layers: tuple[int, ...]
@@ -344,19 +349,36 @@ class HybridModel:
         check_int("num_tokens", num_tokens, 1)
         return self.kv_bytes(num_tokens, dtype) / num_tokens
 
-    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
-        """The layers grouped as vLLM's hybrid manager groups them: every group has room for
-        the same number of layers (the count of the rarest kind), so one block id names a
-        page of the same size in every group; a kind's last group may be short."""
+    def kv_cache_groups(self, rule: str = "vllm") -> tuple[KVCacheGroup, ...]:
+        """The layers grouped as vLLM's hybrid manager groups them
+        (``_get_kv_cache_groups_uniform_page_size`` in vLLM's ``kv_cache_utils``): every
+        group has the same number of layer slots, so one block id names a page of the same
+        size in every group. The size is the rarest kind's layer count, or the commonest
+        kind's when that is under 1.5 times it (6 full + 5 window layers: two groups of 6,
+        not three of 5). A kind of n layers takes ceil(n / size) groups and deals its layers
+        round-robin (group i gets ``layers[i::groups]``), so its groups differ by at most one
+        layer. ``rule="fill"`` is the simpler rule chapter 08 compares: always the rarest
+        kind's count, groups filled in layer order, the last one short."""
+        if rule not in GROUPING_RULES:
+            raise ValueError(f"unknown rule {describe(rule)}; expected one of "
+                             f"{', '.join(GROUPING_RULES)}")
         by_kind: dict[int | None, list[int]] = {}
         for layer, window in enumerate(self.windows):
             by_kind.setdefault(window, []).append(layer)
-        size = min(len(layers) for layers in by_kind.values())
-        return tuple(
-            KVCacheGroup(window, tuple(layers[start:start + size]), size)
-            for window, layers in by_kind.items()
-            for start in range(0, len(layers), size)
-        )
+        counts = [len(layers) for layers in by_kind.values()]
+        size = min(counts)
+        if rule == "fill":
+            return tuple(KVCacheGroup(window, tuple(layers[start:start + size]), size)
+                         for window, layers in by_kind.items()
+                         for start in range(0, len(layers), size))
+        if 2 * max(counts) < 3 * size:  # vLLM: max_num_layers < min_num_layers * 1.5
+            size = max(counts)
+        groups = []
+        for window, layers in by_kind.items():
+            count = -(-len(layers) // size)
+            groups.extend(KVCacheGroup(window, tuple(layers[i::count]), size)
+                          for i in range(count))
+        return tuple(groups)
 
     def block_bytes(self, block_size: int, dtype: str = "fp16") -> int:
         """Bytes of one block of the shared pool: ``block_size`` tokens of every layer slot of
@@ -408,6 +430,38 @@ def hybrid_capacity(model: HybridModel, budget_bytes: int | float, num_tokens: i
     return HybridCapacity(model.name, num_tokens, block_size, model.block_bytes(block_size, dtype),
                           blocks, model.kv_bytes(num_tokens, dtype), freeing, keeping,
                           blocks // freeing, blocks // keeping)
+
+
+def reserved_blocks(max_model_len: int, window: int | None, block_size: int,
+                    max_num_batched_tokens: int) -> int:
+    """Blocks vLLM budgets one request in one group when it reports its maximum concurrency
+    (``max_memory_usage_bytes`` of vLLM's ``FullAttentionSpec`` and ``SlidingWindowSpec``):
+    ceil(L / B) for full attention; for a window, the blocks of a chunked-prefill step, the
+    last W - 1 tokens computed plus ``max_num_batched_tokens`` new ones (at most L), one
+    more for a window that starts inside a block: ceil(min(W - 1 + T, L) / B) + 1."""
+    check_int("max_model_len", max_model_len, 1)
+    check_int("block_size", block_size, 1)
+    check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    if window is None:
+        return blocks_needed(max_model_len, block_size)
+    tokens = min(check_int("window", window, 1) - 1 + max_num_batched_tokens, max_model_len)
+    return blocks_needed(tokens, block_size) + 1
+
+
+def vllm_max_concurrency(model: HybridModel, num_blocks: int, max_model_len: int,
+                         max_num_batched_tokens: int, block_size: int = 16) -> float:
+    """The "Maximum concurrency for L tokens per request" vLLM logs for ``model`` with
+    ``num_blocks`` blocks (``get_max_concurrency_for_kv_cache_config``): the blocks over the
+    sum of every group's ``reserved_blocks``. It covers a chunked-prefill step in every
+    window group, so it is lower than what the groups hold while they decode
+    (``HybridModel.blocks_per_request``)."""
+    if not isinstance(model, HybridModel):
+        raise ValueError(f"model must be a HybridModel, got {describe(model)}")
+    check_int("num_blocks", num_blocks, 0)
+    per_request = sum(reserved_blocks(max_model_len, group.window, block_size,
+                                      max_num_batched_tokens)
+                      for group in model.kv_cache_groups())
+    return num_blocks / per_request
 
 
 def alternating(pattern: tuple[int | None, ...], layers: int) -> tuple[int | None, ...]:

@@ -223,6 +223,7 @@ def test_the_work_bound_grows_with_groups_small_blocks_and_caching() -> None:
     assert work("gemma-3-27b") > work("gpt-oss-20b")  # 7 KV-cache groups against 2
     assert work("gpt-oss-20b", block_size=1) > work("gpt-oss-20b")
     assert work("gpt-oss-20b", caching=True) > work("gpt-oss-20b")
-    study = SimConfig.for_model(HYBRID_MODELS["gpt-oss-20b"], budget_bytes=GIB // 2)
+    study = SimConfig.for_model(HYBRID_MODELS["gpt-oss-20b"], budget_bytes=GIB // 2,
+                                prefix_caching=True)
     assert hybrid_work(support_chat()[:120], study) <= MAX_HYBRID_WORK
     assert hybrid_work(support_chat(), study) > MAX_HYBRID_WORK

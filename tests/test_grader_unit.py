@@ -102,7 +102,7 @@ def test_judging_a_harvest_scores_in_this_process() -> None:
     assert judge_harvest(json.dumps(_harvest("00.to_kib", _kib)), cases) == (
         1.0, "passed", "", "")
     score, status, reason, flag = judge_harvest(
-        json.dumps(_harvest("00.to_kib", lambda n: n // 1024)), cases)
+        json.dumps(_harvest("00.to_kib", lambda n: float(n // 1024))), cases)
     assert (score, status, flag) == (0.6, "failed", "") and "3/5 fixed cases passed" in reason
 
 

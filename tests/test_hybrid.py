@@ -35,6 +35,37 @@ def test_window_group_frees_blocks_behind_the_window_and_keeps_null_in_the_table
     assert manager.pool.ref_count(5) == 0 and manager.pool.num_used == 4 + 2
 
 
+def test_window_blocks_go_back_last_first_so_the_later_one_is_evicted_first() -> None:
+    """vLLM's ``remove_skipped_blocks`` frees the blocks a window passed in one step as one
+    batch, last block first: cached, they join the back of the free queue in that order, so
+    the later block is evicted first; uncached, the last one is the next handed out."""
+    pool = PrefixCachingBlockPool(32, B)
+    manager = HybridKVManager(pool, [5])
+    manager.add_sequence("a", token_ids=list(range(16)))  # four full blocks, cached
+    table = manager.block_table("a")
+    manager.append_tokens("a", token_ids=[99])  # the chunk at 16 reads 12..: blocks 0-2 go
+    assert pool.free_blocks()[-3:] == (table[2], table[1], table[0])
+    while pool.block_hash(table[2]) is not None:
+        pool.allocate()
+    assert pool.num_evictions == 1
+    assert pool.block_hash(table[1]) is not None and pool.block_hash(table[0]) is not None
+
+    plain = HybridKVManager(BlockPool(32, B), [5])
+    plain.add_sequence("a", 16)
+    table = plain.block_table("a")
+    plain.append_tokens("a")  # blocks 0-2 go back, then block 4 is taken: the last freed
+    assert plain.block_table("a")[4] == table[2]
+    assert plain.pool.free_blocks()[:2] == (table[1], table[0])
+
+
+def test_a_finished_sequence_goes_back_group_by_group_last_block_first() -> None:
+    manager = HybridKVManager(BlockPool(32, B), [None, 5])
+    manager.add_sequence("a", 10)
+    full, window = manager.block_tables("a")
+    manager.free_sequence("a")
+    assert manager.pool.free_blocks()[:6] == (*window[::-1], *full[::-1])
+
+
 def test_the_hit_is_the_longest_prefix_every_group_serves() -> None:
     pool = PrefixCachingBlockPool(64, B)
     manager = HybridKVManager(pool, [None, 5])

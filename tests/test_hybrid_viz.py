@@ -47,6 +47,9 @@ def test_pool_drawn_by_group_shows_window_blocks_returning() -> None:
     assert last.num_free == 15 - len(last.tables["chat g1 (full)"]) - len(window_held)
     svg = pool_timeline(snapshots).at(len(snapshots) - 1, request="chat g0 (window 8)").svg
     assert "chat g0 (window 8)" in svg
+    # one sequence with two tables, and a window group's legend counts the blocks it holds
+    assert "1 request (2 block tables)" in svg
+    assert f"chat g0 (window 8) · {len(window_held)} blocks" in svg
     assert any("freed" in pool_picture(s).svg for s in snapshots[1:])
 
 
@@ -55,9 +58,15 @@ def test_hybrid_calculator_numbers_come_from_hybrid_capacity() -> None:
     expected = hybrid_capacity(HYBRID_MODELS["gpt-oss-20b"], 60 * GIB, 32768, 16, "bf16")
     html = calc.numbers_html()
     assert f'data-max-requests="{expected.max_requests}"' in html
-    assert f"{expected.max_requests_no_freeing:,} without freeing" in html
+    assert "window blocks kept" in html and f">{expected.max_requests_no_freeing:,}<" in html
     assert "groups [window 128, full]" in html
     assert calc._repr_svg_().startswith("<svg")
+    fig = calc.figure()  # no label runs into its value
+    fig.canvas.draw()
+    texts = fig.texts[1:]
+    for label, value in zip(texts[0::2], texts[1::2], strict=True):
+        assert label.get_window_extent().x1 < value.get_window_extent().x0, label.get_text()
+    plt.close(fig)
     with pytest.raises(ValueError, match="gpt-5"):
         HybridCapacityCalculator("gpt-5")
 

@@ -17,6 +17,8 @@ from course_lib.kv_math import (
     HybridModel,
     hybrid_capacity,
     hybrid_model,
+    reserved_blocks,
+    vllm_max_concurrency,
     window_blocks,
     window_tokens,
 )
@@ -32,14 +34,80 @@ def test_gpt_oss_20b_bytes_at_8k() -> None:
     assert model.all_full().kv_bytes(8192) == 24 * 8192 * GPT_OSS_20B_LAYER_BYTES
 
 
-def test_gemma_3_27b_groups_pad_the_short_window_group() -> None:
+def test_gemma_3_27b_window_layers_are_dealt_round_robin() -> None:
+    """vLLM's ``layers[i::num_groups]``: 52 window layers in six groups of 9, 9, 9, 9, 8, 8
+    (the simple fill would give 10, 10, 10, 10, 10, 2), every group with ten slots."""
     model = HYBRID_MODELS["gemma-3-27b"]
     assert model.layer_counts() == {1024: 52, FULL: 10}
     assert model.windows[5] is FULL and model.windows[4] == 1024
     groups = model.kv_cache_groups()
-    assert [len(g.layers) for g in groups] == [10, 10, 10, 10, 10, 2, 10]
+    assert [len(g.layers) for g in groups] == [9, 9, 9, 9, 8, 8, 10]
+    window_layers = [layer for layer, window in enumerate(model.windows) if window == 1024]
+    assert [g.layers for g in groups[:6]] == [tuple(window_layers[i::6]) for i in range(6)]
     assert {g.slots for g in groups} == {10}
     assert sorted(layer for g in groups for layer in g.layers) == list(range(62))
+    assert [len(g.layers) for g in model.kv_cache_groups("fill")] == [10, 10, 10, 10, 10, 2, 10]
+
+
+VLLM_PAGE = 16 * 2 * 64 * 4 * 2
+"""vLLM's test page: 16 tokens x 2 KV heads x head 64 x fp32 x (K, V), one layer."""
+
+
+def _vllm_model(full: int, window: int) -> HybridModel:
+    """``full`` full layers then ``window`` sliding-window layers, as vLLM's tests list them
+    (``new_kv_cache_spec()`` then ``new_sliding_window_spec()``: 2 KV heads, head 64)."""
+    return HybridModel("vllm test", (FULL,) * full + (1,) * window, 2, 2, 64, "vLLM tests")
+
+
+@pytest.mark.parametrize(("full", "window", "budget_layers", "groups", "blocks"), [
+    (1, 1, 2, [[0], [1]], 64),
+    (2, 4, 2, [[0, 1], [2, 4], [3, 5]], 32),
+    (3, 7, 3, [[0, 1, 2], [3, 6, 9], [4, 7], [5, 8]], 32),
+    (6, 5, 6, [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], 32),
+])
+def test_groups_and_blocks_match_vllms_tests(full: int, window: int, budget_layers: int,
+                                             groups: list[list[int]], blocks: int) -> None:
+    """vLLM's ``test_get_kv_cache_config_one_worker`` (tests/v1/core/test_kv_cache_utils.py):
+    its hybrid cases' groups (layers renumbered from 0) and block counts for a budget of
+    ``budget_layers * 32`` one-layer pages. 6 full + 5 window layers: the kinds' counts are
+    within 1.5x, so two groups of six slots and 32 blocks, where filling groups of the
+    rarest kind's count would make three groups of five and 38 blocks."""
+    model = _vllm_model(full, window)
+    assert model.layer_bytes_per_token("fp32") * 16 == VLLM_PAGE
+    assert [list(g.layers) for g in model.kv_cache_groups()] == groups
+    cap = hybrid_capacity(model, VLLM_PAGE * budget_layers * 32, 16, 16, "fp32")
+    assert cap.blocks == blocks
+    if (full, window) == (6, 5):
+        fill = model.kv_cache_groups("fill")
+        assert [len(g.layers) for g in fill] == [5, 1, 5]
+        assert VLLM_PAGE * 6 * 32 // (fill[0].slots * VLLM_PAGE) == 38
+
+
+def test_max_concurrency_matches_vllms_test() -> None:
+    """vLLM's ``test_get_max_concurrency_for_kv_cache_config``: max_model_len 16,384,
+    max_num_batched_tokens 1,024, blocks of 16, a window of 1,024. A window group budgets
+    ceil((1,024 - 1 + 1,024) / 16) + 1 = 129 blocks a request, where it holds 64 once it
+    decodes: 387 blocks are 3 requests to vLLM and 6 in the steady state."""
+    def model(windows: tuple[int | None, ...]) -> HybridModel:
+        return HybridModel("vllm test", windows, 32, 32, 128, "vLLM tests")
+
+    full, window, both = model((FULL,) * 32), model((1024,) * 32), model((FULL, 1024) * 32)
+    assert reserved_blocks(16384, 1024, 16, 1024) == 129
+    assert reserved_blocks(16384, FULL, 16, 1024) == 1024
+    assert vllm_max_concurrency(full, int(1024 * 1.5), 16384, 1024) == 1.5
+    assert vllm_max_concurrency(window, 129 * 3, 16384, 1024) == 3
+    assert vllm_max_concurrency(both, (1024 + 129) * 3, 16384, 1024) == 3
+    assert 129 * 3 // window.blocks_per_request(16384, 16) == 6
+
+
+@given(window=st.integers(1, 300), tokens=st.integers(1, 3000), batched=st.integers(1, 3000),
+       block_size=st.integers(1, 40))
+def test_vllms_reservation_covers_every_decode_step(window: int, tokens: int, batched: int,
+                                                    block_size: int) -> None:
+    """What vLLM budgets a window group is never below what the group holds at any length
+    up to the maximum (the course's steady-state count)."""
+    held = max(window_blocks(n, window, block_size) for n in range(1, tokens + 1))
+    assert reserved_blocks(tokens, window, block_size, batched) >= held
 
 
 @pytest.mark.parametrize("name", list(HYBRID_MODELS))
@@ -91,6 +159,11 @@ def test_bytes_per_token_never_grows_with_the_context(window: int, small: int,
     (lambda: HYBRID_MODELS["gpt-oss-20b"].bytes_per_token(0), "num_tokens"),
     (lambda: hybrid_capacity(HYBRID_MODELS["gpt-oss-20b"], 0, 8), "budget_bytes"),
     (lambda: hybrid_capacity("gpt-oss-20b", GIB, 8), "HybridModel"),
+    (lambda: HYBRID_MODELS["gpt-oss-20b"].kv_cache_groups("vLLM"), "vLLM"),
+    (lambda: reserved_blocks(0, 8, 4, 16), "max_model_len"),
+    (lambda: reserved_blocks(16, 8, 4, 0), "max_num_batched_tokens"),
+    (lambda: vllm_max_concurrency("gpt-oss-20b", 10, 16, 16), "HybridModel"),
+    (lambda: vllm_max_concurrency(HYBRID_MODELS["gpt-oss-20b"], -1, 16, 16), "num_blocks"),
 ])
 def test_bad_values_raise_naming_them(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):

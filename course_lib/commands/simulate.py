@@ -33,7 +33,14 @@ from course_lib.commands.kv_size import (
     hybrid_model_from,
     per_token_bytes_from,
 )
-from course_lib.commands.route import COST_MODELS, TRACE_SOURCES, cluster_payload, render_cluster
+from course_lib.commands.route import (
+    COST_MODELS,
+    TRACE_SOURCES,
+    add_tier_arguments,
+    cluster_payload,
+    render_cluster,
+    tier_bytes_from,
+)
 from course_lib.kv_math import GIB, HYBRID_MODELS
 from course_lib.limits import MAX_BUDGET_GIB, MAX_INT, MAX_POOL_BLOCKS, MAX_TRACE_REQUESTS
 from course_lib.scheduler import POLICIES, PREEMPTION_MODES, SchedulerConfig
@@ -48,11 +55,17 @@ MAX_STEP_MS = 3_600_000.0
 MAX_PRICE_PER_HOUR = 1e9
 """Highest GPU price per hour, for the same reason."""
 
-MAX_HYBRID_WORK = 2**21
-"""Most work units a ``--hybrid`` run may cost (:func:`hybrid_work`): 3-4 us a unit on a
-loaded 2-core machine, so 5-8 s at the limit (the slowest, ``--max-num-seqs 1``). The hybrid
-serving core is eager, so a run costs far more than a paged one: the whole support-chat
-preset would take 20-40 s, and longer with prefix caching under memory pressure."""
+MAX_HYBRID_WORK = 5 * 2**19
+"""Most work units a ``--hybrid`` run may cost (:func:`hybrid_work`): 2,621,440, the
+smallest round bound (2.5 x 2^20) that admits chapter 08's study (``--hybrid gpt-oss-20b
+--requests 120 --budget-gib 0.5 --prefix-caching``, 2,477,301 units). A unit takes 3-6 us
+on a loaded 2-core machine, so 8-16 s at the limit without prefix caching (the slowest,
+``--max-num-seqs 1``). With prefix caching the bound counts a worst case of lookups that
+runs rarely come near: the study, at 94% of the bound, ran in 2.6-3.8 s there, and with
+``--max-num-seqs 1`` and an eighth of its memory in 4.5-7.5 s. The hybrid serving core is
+eager, so a run costs far more than a paged one: the whole support-chat preset would take
+20-40 s, and longer with prefix caching under memory pressure."""
+
 
 SLOT = "one token of one KV-cache group's page"
 """What a slot is in a ``--hybrid`` run (``kv_tokens``, the shares and ``utilization`` count
@@ -72,8 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "on the cluster's one replica)")
     source.add_argument("--trace", metavar="FILE.json", help="your own trace (JSON)")
     parser.add_argument("--requests", type=integer(1, MAX_TRACE_REQUESTS),
-                        help="replay only the preset's first N requests (chapter 08's study "
-                        "takes 120)")
+                        help="replay only the preset's first N requests (chapter 08's study: "
+                        "--hybrid gpt-oss-20b --requests 120 --budget-gib 0.5 "
+                        "--prefix-caching)")
     parser.add_argument("--seed", type=integer(0, MAX_INT), help="seed of the workload preset")
     parser.add_argument("--priority-levels", type=integer(1, MAX_INT),
                         help="give the preset's requests random priorities 0 .. N-1")
@@ -100,9 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prefix-caching", action="store_true",
                         help="a request resumed by recompute reuses its blocks still cached "
                         "(paged only)")
-    parser.add_argument("--cpu-tier-gib", type=number(0, MAX_BUDGET_GIB),
-                        help="CPU tier for evicted cached blocks in GiB, with "
-                        "--prefix-caching (runs on the cluster's one replica)")
+    add_tier_arguments(parser)  # with --prefix-caching; runs on the cluster's one replica
     parser.add_argument("--cost-model", default="source", choices=sorted(COST_MODELS),
                         help="source: flat 25 ms steps; roofline: steps slow with the batch")
     parser.add_argument("--step-ms", type=number(0, MAX_STEP_MS, above=True),
@@ -121,7 +133,7 @@ def _refuse_beside_hybrid(args: argparse.Namespace) -> None:
         "--preemption swap": (args.preemption == "swap",
                               "the hybrid serving core preempts by recompute"),
         f"--fit {args.fit}": (args.fit is not None, "a paged pool has no gaps to choose among"),
-        "--cpu-tier-gib": (args.cpu_tier_gib is not None,
+        _tier_flag(args): (_tier_flag(args) != "",
                            "a CPU tier runs on the cluster's replica, which serves no hybrid "
                            "model"),
         "--workload multi-turn": (args.trace is None and args.workload == "multi-turn",
@@ -144,8 +156,8 @@ def _refuse_contradictions(args: argparse.Namespace) -> None:
     if args.preemption == "swap" and not paged:
         refuse_together("--preemption swap", f"--allocator {args.allocator}",
                         "contiguous slabs reserve up front and are never preempted")
-    if args.cpu_tier_gib is not None and not args.prefix_caching:
-        raise UsageError("--cpu-tier-gib needs --prefix-caching: the tier keeps evicted "
+    if _tier_flag(args) and not args.prefix_caching:
+        raise UsageError(f"{_tier_flag(args)} needs --prefix-caching: the tier keeps evicted "
                          "cached blocks")
     if args.prefix_caching and not paged:
         refuse_together("--prefix-caching", f"--allocator {args.allocator}",
@@ -276,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the server and the trace, simulate, print the metrics."""
     config = _config(args)
     trace, name = _trace(args)
-    if args.cpu_tier_gib is not None or any(r.follows is not None for r in trace):
+    if _tier_flag(args) or any(r.follows is not None for r in trace):
         if args.hybrid is not None:
             refuse_together("--hybrid", f"--trace {name}, a multi-turn trace", "multi-turn "
                             "traces run on the cluster's replica, which serves no hybrid model")
@@ -284,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
             refuse_together(f"--allocator {args.allocator}", "a CPU tier or a multi-turn "
                             "trace", "those run on the cluster's paged replica")
         one = ClusterConfig(replicas=1, server=config, policy="round-robin",
-                            tier_bytes=int((args.cpu_tier_gib or 0) * GIB))
+                            tier_bytes=tier_bytes_from(args, config))
         return emit(cluster_payload(simulate_cluster(trace, one), name), args.json,
                     render_cluster)
     shape: dict[str, Any] = {"bytes_per_token": config.bytes_per_token}
@@ -297,6 +309,13 @@ def run(args: argparse.Namespace) -> int:
     payload = {"workload": name, **shape, "step_ms": config.costs.step_seconds * 1000,
                "price_per_hour": config.costs.price_per_hour, **result.as_dict()}
     return emit(payload, args.json, _render)
+
+
+def _tier_flag(args: argparse.Namespace) -> str:
+    """The CPU-tier flag given (``--cpu-tier-gib`` or ``--cpu-tier-pools``), or ""."""
+    if args.cpu_tier_pools is not None:
+        return "--cpu-tier-pools"
+    return "--cpu-tier-gib" if args.cpu_tier_gib is not None else ""
 
 
 def _check_hybrid_work(args: argparse.Namespace, trace: list[Request],

@@ -428,7 +428,9 @@ class HybridCapacityCalculator(CapacityCalculator):
             ("tokens", "blocks per request", f"{n.blocks_per_request:,} "
                                              f"({n.blocks_per_request_no_freeing:,} kept)"),
             ("max_requests", f"{self.max_len:,}-token requests at once",
-             f"{n.max_requests:,} ({n.max_requests_no_freeing:,} without freeing)"),
+             f"{n.max_requests:,}"),
+            ("max_requests_no_freeing", "the same, window blocks kept",
+             f"{n.max_requests_no_freeing:,}"),
         ]
 
     def _data(self) -> dict[str, int]:

@@ -31,6 +31,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from course_lib.hybrid import request_of
+from course_lib.paged import NULL_BLOCK
 from course_lib.snapshot import BlockView, PoolSnapshot
 from course_lib.viz.palette import (
     CACHE_MARK,
@@ -104,6 +106,7 @@ class PoolStats:
     tokens: int
     requests: int
     block_size: int
+    tables: int = 0
 
     @property
     def occupancy(self) -> float:
@@ -115,12 +118,18 @@ class PoolStats:
         """Share of the slots of blocks in use that hold tokens (U_paged over the pool)."""
         return self.tokens / (self.used * self.block_size) if self.used else 0.0
 
+    def _tables(self) -> str:
+        """" (N block tables)" when requests hold more than one table each (KV-cache groups
+        of a hybrid model, chapter 08), else nothing."""
+        more = self.tables > self.requests
+        return f" ({count(self.tables, 'block table')})" if more else ""
+
     def line(self) -> str:
         """The statistics as one line of text."""
         return (
             f"in use {self.used:,} of {self.usable:,} blocks ({self.occupancy:.1%}) · "
             f"free {self.free:,} · shared {self.shared:,} · cached {self.cached:,} · "
-            f"{count(self.requests, 'request')} · "
+            f"{count(self.requests, 'request')}{self._tables()} · "
             f"{self.utilization:.1%} of allocated slots hold tokens"
         )
 
@@ -150,8 +159,9 @@ def pool_stats(snapshot: PoolSnapshot) -> PoolStats:
             tokens += block.tokens
     return PoolStats(
         blocks=len(snapshot.blocks), usable=usable, used=used, free=usable - used,
-        shared=shared, cached=cached, tokens=tokens, requests=len(snapshot.tables),
-        block_size=size,
+        shared=shared, cached=cached, tokens=tokens,
+        requests=len({request_of(name) for name in snapshot.tables}), block_size=size,
+        tables=len(snapshot.tables),
     )
 
 
@@ -366,8 +376,8 @@ def _owner_legend(
     items = []
     for rid in ids[:limit]:
         label = rid
-        if rid in snapshot.tables:
-            label += f" · {len(snapshot.tables[rid])} blocks"
+        if rid in snapshot.tables:  # the blocks it holds (not the null block)
+            label += f" · {sum(b != NULL_BLOCK for b in snapshot.tables[rid])} blocks"
         if rid in snapshot.seq_lens:
             label += f" · {snapshot.seq_lens[rid]:,} tok"
         items.append((Swatch(colors[rid]), label))
@@ -475,7 +485,12 @@ def _block_table(
         head = f"block table of {request}"
         if request in snapshot.seq_lens:
             head += f": {snapshot.seq_lens[request]:,} tokens"
-        head += f" in {count(len(table), 'block')} of {snapshot.block_size}"
+        held = sum(b != NULL_BLOCK for b in table)
+        if held == len(table):
+            head += f" in {count(held, 'block')} of {snapshot.block_size}"
+        else:  # a window group's table, null where it let blocks go (chapter 08)
+            head += (f", {len(table):,} entries: {len(table) - held:,} null (let go), "
+                     f"{count(held, 'block')} of {snapshot.block_size}")
     else:
         head = f"request {request} holds no blocks at this step"
     pieces = [f'<g {attrs(id=f"{dom_id}-table", class_="block-table", data_request=request)}>',
@@ -507,8 +522,8 @@ def _block_table(
                  fill=light),
             text(x + cell / 2, y + row_h + 13, block.block_id, text_anchor="middle",
                  font_size=11, font_weight="bold"),
-            text(x + col_w / 2, y + 2 * row_h + 14, block.tokens, text_anchor="middle",
-                 font_size=11, fill=MUTED),
+            text(x + col_w / 2, y + 2 * row_h + 14, "–" if block.is_null else block.tokens,
+                 text_anchor="middle", font_size=11, fill=MUTED),
         ]
         if hash_chain:
             shown_hash = block.cached_hash[:6] if block.cached_hash else "-"
