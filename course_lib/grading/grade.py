@@ -16,12 +16,12 @@ import dataclasses
 import json
 import secrets
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from course_lib.grading import chapter_exercises
-from course_lib.grading.check import Case, Exercise, exercise_cases, judge
+from course_lib.grading.check import Case, CaseResult, Exercise, exercise_cases, judge
 from course_lib.grading.execute import (
     Execution,
     Harvest,
@@ -58,17 +58,36 @@ class GradeRow:
     status: str
     reason: str = ""
     flag: str = ""
+    fixed_passed: int = 0
+    fixed_total: int = 0
+    fresh_passed: int = 0
+    fresh_total: int = 0
+    first_failure: CaseResult | None = None
+    """The first failing fixed case as ``check`` reports it (call, got, expected, hint,
+    differs); never a fresh case, whose inputs and answers the learner must not see."""
+    remark: str = ""
+    """For a judged row (``fixed_total`` > 0), what else a learner may read beside the
+    counts: the reference flag, how the notebook ended. Never a fresh case."""
+
+    @property
+    def judged(self) -> bool:
+        """Whether the exercise's cases were judged (so the counts say how it did)."""
+        return self.fixed_total > 0
 
 
 @dataclass
 class GradeReport:
     """All rows, the seed of the fresh cases, the problems of the grading itself (which make
-    the exit status 1) and what bounded each notebook's memory."""
+    the exit status 1), what bounded each notebook's memory, the chapters graded, the
+    learners these rows cover and every learner of the folder."""
 
     rows: list[GradeRow] = field(default_factory=list)
     seed: int = 0
     problems: list[str] = field(default_factory=list)
     memory: str = ""
+    chapters: tuple[str, ...] = ()
+    learners: list[str] = field(default_factory=list)
+    everyone: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,35 +132,65 @@ def score(passed: Sequence[bool], fixed: int) -> tuple[float, str]:
     return (sum(counted) / len(counted) if counted else 0.0), f"{text} cases passed"
 
 
-def judge_harvest(text: str, cases: Sequence[Case],
-                  fixed: int | None = None) -> tuple[float, str, str, str]:
-    """(score, status, reason, flag) from one harvest's JSON, validated strictly first;
-    ``fixed`` counts the leading fixed cases (all of them when None)."""
+@dataclass(frozen=True)
+class Judgement:
+    """What one harvest earned: the CSV's (score, status, reason, flag), and for the
+    learner's feedback the counts of fixed and fresh cases passed, the first failing fixed
+    case and a remark that names no fresh case."""
+
+    score: float
+    status: str
+    reason: str
+    flag: str = ""
+    fixed_passed: int = 0
+    fixed_total: int = 0
+    fresh_passed: int = 0
+    fresh_total: int = 0
+    first_failure: CaseResult | None = None
+    remark: str = ""
+
+
+def judge_cases(text: str, cases: Sequence[Case], fixed: int | None = None) -> Judgement:
+    """The :class:`Judgement` of one harvest's JSON, validated strictly first; ``fixed``
+    counts the leading fixed cases (all of them when None)."""
     try:
         payload = json.loads(text)
     except (ValueError, RecursionError):
-        return 0.0, "invalid result", "the harvest was not valid JSON", ""
+        return Judgement(0.0, "invalid result", "the harvest was not valid JSON")
     if not isinstance(payload, dict) or payload.get("calls") != [case.call for case in cases]:
-        return 0.0, "invalid result", "the harvest ran other cases than the grader's", ""
+        return Judgement(0.0, "invalid result", "the harvest ran other cases than the grader's")
     extra = set(payload) - {"calls"}
     if extra == {"not_solved"} and payload["not_solved"] is True:
-        return 0.0, "not solved", "not yet solved (NotImplementedError)", ""
+        return Judgement(0.0, "not solved", "not yet solved (NotImplementedError)")
     if extra == {"missing"} and isinstance(payload["missing"], str):
-        return (0.0, "check did not run", f"the graded object failed: {payload['missing'][:200]}",
-                "")
+        return Judgement(0.0, "check did not run",
+                         f"the graded object failed: {payload['missing'][:200]}")
     observations = payload.get("observations")
     if extra != {"observations"} or not _valid_observations(observations, len(cases)):
-        return 0.0, "invalid result", "the harvest's observations are malformed", ""
+        return Judgement(0.0, "invalid result", "the harvest's observations are malformed")
     results = [judge(case, obs) for case, obs in zip(cases, observations, strict=True)]
+    fixed = len(cases) if fixed is None else fixed
+    old, new = [r.passed for r in results[:fixed]], [r.passed for r in results[fixed:]]
+    counts = {"fixed_passed": sum(old), "fixed_total": len(old), "fresh_passed": sum(new),
+              "fresh_total": len(new),
+              "first_failure": next((r for r in results[:fixed] if not r.passed), None)}
     withheld = [withheld_name(obs) for obs in observations if uses_withheld(obs)]
     flag, reason = ("reference", f"{REFERENCE} ({withheld[0]} is not available while grading)"
                     ) if withheld else ("", "")
     if all(r.passed for r in results):
-        return 1.0, "passed", reason, flag
-    share, passed = score([r.passed for r in results], len(cases) if fixed is None else fixed)
+        return Judgement(1.0, "passed", reason, flag, remark=reason, **counts)
+    share, passed = score([r.passed for r in results], fixed)
     failed = next(r for r in results if not r.passed)
-    reason = reason or f"{passed}; first failure: {failed.call[:120]}"
-    return share, "flagged" if flag else "failed", reason, flag
+    return Judgement(share, "flagged" if flag else "failed",
+                     reason or f"{passed}; first failure: {failed.call[:120]}", flag,
+                     remark=reason, **counts)
+
+
+def judge_harvest(text: str, cases: Sequence[Case],
+                  fixed: int | None = None) -> tuple[float, str, str, str]:
+    """(score, status, reason, flag) of :func:`judge_cases`: the CSV's columns."""
+    found = judge_cases(text, cases, fixed)
+    return found.score, found.status, found.reason, found.flag
 
 
 def _valid_observations(observations: Any, count: int) -> bool:
@@ -169,16 +218,21 @@ def _valid_observations(observations: Any, count: int) -> bool:
 
 
 def _exercise_row(base: GradeRow, harvested: bool, execution: Execution,
-                  judged: Callable[[], tuple[float, str, str, str]]) -> GradeRow:
+                  judged: Callable[[], Judgement]) -> GradeRow:
     """The row of one exercise whose check the notebook calls: a scored row says why it lost
     points by its cases alone (an error elsewhere in the notebook, such as a demo cell that
     met the withheld answer key, is no concern of it)."""
     if harvested:
-        score, status, reason, flag = judged()
+        found = judged()
+        reason, remark = found.reason, found.remark
         if execution.status:  # scored before the notebook stopped: say so
             note = f"then the notebook {execution.problem}"
-            reason = f"{reason}; {note}" if reason else note
-        return dataclasses.replace(base, score=score, status=status, reason=reason, flag=flag)
+            reason, remark = (f"{text}; {note}" if text else note for text in (reason, remark))
+        return dataclasses.replace(
+            base, score=found.score, status=found.status, reason=reason, flag=found.flag,
+            fixed_passed=found.fixed_passed, fixed_total=found.fixed_total,
+            fresh_passed=found.fresh_passed, fresh_total=found.fresh_total,
+            first_failure=found.first_failure, remark=remark)
     if execution.status:
         return dataclasses.replace(base, status=execution.status, reason=execution.problem)
     why = execution.first_error or "the harvest after its check printed no result"
@@ -197,7 +251,7 @@ def _rows(sub: Submission, exercises: Sequence[Exercise], cases: ChapterCases,
             continue
         text = execution.harvests.get(exercise.name)
         rows.append(_exercise_row(base, text is not None, execution,
-                                  lambda t=text, e=exercise: judge_harvest(
+                                  lambda t=text, e=exercise: judge_cases(
                                       t, cases.cases[e.name], cases.fixed[e.name])))
     return rows
 
@@ -229,17 +283,66 @@ def _not_submitted(inventory: Inventory, chapters: Sequence[str]) -> list[GradeR
             for e in chapter_exercises(chapter)]
 
 
+def order_rows(rows: Sequence[GradeRow]) -> list[GradeRow]:
+    """Rows in the order a run writes them: the exercises' rows by learner, chapter and
+    exercise, then the files not graded by learner (each learner's in the order found).
+
+    A pure function of the rows, so merged shards and regraded learners come out in the
+    order one run over the whole class gives."""
+    scored = sorted((row for row in rows if row.exercise),
+                    key=lambda r: (r.learner, r.chapter, r.exercise))
+    return scored + sorted((row for row in rows if not row.exercise), key=lambda r: r.learner)
+
+
+def shard_learners(everyone: Sequence[str], shard: tuple[int, int]) -> list[str]:
+    """The learners of shard ``(k, n)``: of every learner sorted by name, the i-th goes to
+    shard ``i mod n + 1``, so a folder splits the same way on every machine."""
+    k, n = shard
+    if not 1 <= k <= n:
+        raise ValueError(f"a shard is K/N with 1 <= K <= N, got {k}/{n}")
+    return [name for i, name in enumerate(sorted(everyone)) if i % n == k - 1]
+
+
+def _select(inventory: Inventory, learners: Collection[str] | None,
+            shard: tuple[int, int] | None) -> tuple[Inventory, list[str]]:
+    """The part of ``inventory`` graded this run, and every learner of the folder: the
+    learners asked for (unknown names refused), or a shard's, or all. The notes of files
+    outside any learner's folder go with the whole class and shard 1, never a regrade."""
+    everyone = sorted(inventory.learners)
+    if learners is not None and shard is not None:
+        raise ValueError("grade either some learners or a shard, not both")
+    if learners is not None:
+        unknown = sorted(set(learners) - set(everyone))
+        if unknown:
+            raise ValueError(f"--learners names learners not in the submissions folder: "
+                             f"{', '.join(map(repr, unknown))}")
+        chosen, folder_notes = set(learners), False
+    elif shard is not None:
+        chosen, folder_notes = set(shard_learners(everyone, shard)), shard[0] == 1
+    else:
+        return inventory, everyone
+    return Inventory(
+        [name for name in inventory.learners if name in chosen],
+        {key: sub for key, sub in inventory.graded.items() if key[0] in chosen},
+        [note for note in inventory.notes if note.learner in chosen
+         or (folder_notes and note.learner not in everyone)]), everyone
+
+
 def grade_folder(folder: Any, limits: Limits | None = None, jobs: int = 1,
                  chapters: Sequence[str] | None = None, *, seed: int | None = None,
                  sandbox: bool = True,
-                 progress: Callable[[int, int], Any] | None = None) -> GradeReport:
+                 progress: Callable[[int, int], Any] | None = None,
+                 learners: Collection[str] | None = None,
+                 shard: tuple[int, int] | None = None) -> GradeReport:
     """Grade every learner under ``folder``, ``jobs`` notebooks at a time.
 
-    ``chapters`` defaults to those anyone handed in; ``seed`` (drawn when None) chooses the
-    fresh cases; ``sandbox=False`` runs kernels unconfined (trusted submissions only, and
-    every row says so); ``progress(done, total)`` hears of each notebook finished. Where no
-    kernel can start in the sandbox, :class:`SandboxUnavailable` says why before anyone is
-    graded.
+    ``chapters`` defaults to those anyone in the folder handed in; ``seed`` (drawn when
+    None) chooses the fresh cases; ``sandbox=False`` runs kernels unconfined (trusted
+    submissions only, and every row says so); ``progress(done, total)`` hears of each
+    notebook finished. ``learners`` grades only those, ``shard=(k, n)`` only shard k of n
+    (see :func:`shard_learners`); either way the chapters are the whole folder's, so their
+    rows are those of a run over the whole class. Where no kernel can start in the sandbox,
+    :class:`SandboxUnavailable` says why before anyone is graded.
     """
     limits = limits or Limits()
     if not limits.timeout > 0 or limits.memory_mb < GRADER_MIN_MEMORY_MB or jobs < 1:
@@ -248,25 +351,26 @@ def grade_folder(folder: Any, limits: Limits | None = None, jobs: int = 1,
                          f"{limits.timeout!r}, {limits.memory_mb!r}, {jobs!r}")
     for chapter in chapters or ():
         chapter_exercises(chapter)  # unknown chapters raise before any work
+    whole = find_submissions(folder, chapters)
+    chapters = tuple(chapters or sorted({chapter for _, chapter in whole.graded}))
+    inventory, everyone = _select(whole, learners, shard)
     bwrap = check_available() if sandbox else None
-    inventory = find_submissions(folder, chapters)
-    chapters = tuple(chapters or sorted({chapter for _, chapter in inventory.graded}))
     trial = Kernel(library_copy(chapters[0]) if chapters else {}, bwrap)
     problem = preflight(trial, limits) if inventory.graded else ""
     if problem:
         raise SandboxUnavailable(f"no kernel starts in the sandbox here ({problem}); nobody "
                                  "was graded")
     report = GradeReport(seed=secrets.randbelow(2**31) if seed is None else seed,
-                         memory=memory_bound(limits, trial))
+                         memory=memory_bound(limits, trial), chapters=chapters,
+                         learners=sorted(inventory.learners), everyone=everyone)
     graded = asyncio.run(_grade_all(list(inventory.graded.values()), limits, bwrap, jobs,
                                     report, progress))
-    report.rows = sorted([*graded, *_not_submitted(inventory, chapters)],
-                         key=lambda r: (r.learner, r.chapter, r.exercise))
+    rows = [*graded, *_not_submitted(inventory, chapters)]
     if bwrap is None:
-        report.rows = [dataclasses.replace(r, flag="; ".join(filter(None, [r.flag, UNSANDBOXED])))
-                       for r in report.rows]
-    report.rows += [GradeRow(n.learner, "", n.name, "", 0.0, n.status, n.reason)
-                    for n in inventory.notes]
+        rows = [dataclasses.replace(r, flag="; ".join(filter(None, [r.flag, UNSANDBOXED])))
+                for r in rows]
+    report.rows = order_rows([*rows, *(GradeRow(n.learner, "", n.name, "", 0.0, n.status,
+                                                n.reason) for n in inventory.notes)])
     return report
 
 

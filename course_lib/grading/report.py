@@ -1,48 +1,99 @@
-"""The grader's output: where it goes (checked before any work), the CSV and the summary.
+"""The grader's output: where it goes (checked before any work), the CSV, the summary and
+the manifest.
 
 The CSV is safe to open in a spreadsheet: a cell that would start a formula (``=``, ``+``,
-``-``, ``@``, tab, carriage return) is prefixed with ``'``. The summary beside it lists
-each learner's total and each exercise's pass rate across the class. Learner and file
-names and reasons are escaped (``submissions.printable``), so no learner can break a line
-of either or send a terminal escape.
+``-``, ``@``, tab, carriage return) is prefixed with ``'``, and so is one that starts with
+``'`` itself, so every cell reads back exactly (:func:`read_csv`). The summary beside it
+lists each learner's total and each exercise's pass rate across the class, computed from
+what the CSV holds, so merged shards and regraded learners rewrite it exactly. Learner and
+file names and reasons are escaped (``submissions.printable``), so no learner can break a
+line of either or send a terminal escape. The manifest (``NAME.manifest.json``) records what
+the CSV covers: the seed, the chapters, the shard, the learners, the folder they came from.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import os
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from course_lib.grading.grade import GradeRow
 from course_lib.grading.submissions import printable
 
 COLUMNS = ("learner", "chapter", "notebook", "exercise", "score", "status", "reason", "flag")
+MANIFEST_FORMAT = 1
+"""Version of the manifest's layout; a manifest of another is refused."""
 
 
-def output_paths(out: Path, submissions: Path) -> tuple[Path, Path]:
+def output_paths(out: Path, submissions: Path | None,
+                 flag: str = "--out") -> tuple[Path, Path]:
     """(CSV, summary) for ``--out``, refused with a clear message before any grading."""
     csv_path = Path(out).resolve()
     summary = csv_path.with_suffix(".txt")
     if csv_path.suffix.lower() != ".csv":
-        raise ValueError(f"--out must name a .csv file (the summary goes beside it as .txt), "
+        raise ValueError(f"{flag} must name a .csv file (the summary goes beside it as .txt), "
                          f"got {str(out)!r}")
     if csv_path.is_dir() or summary.is_dir():
-        raise ValueError(f"--out {str(out)!r} (or its .txt summary) is a directory")
-    if not csv_path.parent.is_dir():
-        raise ValueError(f"--out folder {str(csv_path.parent)!r} does not exist")
-    if not os.access(csv_path.parent, os.W_OK):
-        raise ValueError(f"--out folder {str(csv_path.parent)!r} is not writable")
-    inside = Path(submissions).resolve()
-    if inside in csv_path.parents:
-        raise ValueError(f"--out {str(out)!r} is inside the submissions folder")
+        raise ValueError(f"{flag} {str(out)!r} (or its .txt summary) is a directory")
+    _writable_beside(csv_path, out, flag, submissions)
     return csv_path, summary
 
 
+def _writable_beside(path: Path, given: Path, flag: str, submissions: Path | None) -> None:
+    """Refuse ``path`` unless its folder exists, is writable and is outside the submissions."""
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} folder {str(path.parent)!r} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"{flag} folder {str(path.parent)!r} is not writable")
+    if submissions is not None and Path(submissions).resolve() in (path, *path.parents):
+        raise ValueError(f"{flag} {str(given)!r} is inside the submissions folder")
+
+
+def extra_paths(gradebook: Path | None, feedback: Path | None, csv_path: Path,
+                submissions: Path | None) -> tuple[Path | None, Path | None]:
+    """``--gradebook`` (a .csv beside nothing else the run writes) and ``--feedback`` (a
+    folder, made if missing), resolved and refused like ``--out``."""
+    book = Path(gradebook).resolve() if gradebook is not None else None
+    if book is not None:
+        if book.suffix.lower() != ".csv" or book.is_dir():
+            raise ValueError(f"--gradebook must name a .csv file, got {str(gradebook)!r}")
+        if book in (csv_path, manifest_path(csv_path)):
+            raise ValueError(f"--gradebook {str(gradebook)!r} is the --out CSV")
+        _writable_beside(book, gradebook, "--gradebook", submissions)
+    pages = Path(feedback).resolve() if feedback is not None else None
+    if pages is not None:
+        if pages.exists() and not pages.is_dir():
+            raise ValueError(f"--feedback {str(feedback)!r} is not a folder")
+        _writable_beside(pages, feedback, "--feedback", submissions)
+    return book, pages
+
+
 def safe_cell(text: str) -> str:
-    """``text`` as one printable line a spreadsheet shows as it is, never as a formula."""
+    """``text`` as one printable line a spreadsheet shows as it is, never as a formula.
+
+    A leading ``'`` is doubled too, so :func:`unsafe_cell` reads every cell back exactly."""
     text = printable(text)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r", "'") else text
+
+
+def unsafe_cell(cell: str) -> str:
+    """The printable text :func:`safe_cell` made ``cell`` from."""
+    return cell[1:] if cell.startswith("'") else cell
+
+
+def score_text(score: float) -> str:
+    """A score as the CSV writes it: three decimals."""
+    return f"{score:.3f}"
+
+
+def exact(score: float) -> Decimal:
+    """A score as the exact decimal the CSV holds, for totals that add up in any order."""
+    return Decimal(score_text(score))
 
 
 def write_csv(rows: Sequence[GradeRow], out: Path) -> None:
@@ -52,8 +103,31 @@ def write_csv(rows: Sequence[GradeRow], out: Path) -> None:
         writer.writerow(COLUMNS)
         for row in rows:
             writer.writerow([safe_cell(row.learner), row.chapter, safe_cell(row.notebook),
-                             row.exercise, f"{row.score:.3f}", row.status,
+                             row.exercise, score_text(row.score), row.status,
                              safe_cell(row.reason), row.flag])
+
+
+def read_csv(path: Path) -> list[GradeRow]:
+    """The rows of a CSV :func:`write_csv` wrote, as they were (names and reasons in their
+    printable form, scores to three decimals), so they can be merged and written again
+    byte for byte; anything else is refused, naming the file."""
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as handle:
+            table = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"cannot read grades CSV {str(path)!r}: {error}") from None
+    if not table or tuple(table[0]) != COLUMNS or any(len(r) != len(COLUMNS) for r in table):
+        raise ValueError(f"{str(path)!r} is not a CSV the grader wrote (columns "
+                         f"{','.join(COLUMNS)})")
+    rows = []
+    for learner, chapter, notebook, exercise, score, status, reason, flag in table[1:]:
+        try:
+            value = float(score)
+        except ValueError:
+            raise ValueError(f"{str(path)!r}: score {score!r} is not a number") from None
+        rows.append(GradeRow(unsafe_cell(learner), chapter, unsafe_cell(notebook), exercise,
+                             value, status, unsafe_cell(reason), flag))
+    return rows
 
 
 def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
@@ -67,7 +141,7 @@ def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
              *([f"Memory bound: {memory}."] if memory else []),
              f"Total per learner (out of {len(exercises)} exercises):"]
     for learner in learners:
-        total = sum(row.score for row in scored if row.learner == learner)
+        total = sum((exact(row.score) for row in scored if row.learner == learner), Decimal(0))
         lines.append(f"  {learner:<{width}}  {total:6.2f} / {len(exercises)}")
     lines.append("Pass rate per exercise:")
     for exercise in exercises:
@@ -84,3 +158,64 @@ def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
         lines.append("Flagged (uses the reference implementation):")
         lines += [f"  {learner}: {exercise}" for learner, exercise in flagged]
     return "\n".join(lines)
+
+
+
+def manifest_path(csv_path: Path) -> Path:
+    """Where the manifest of ``csv_path`` goes: ``NAME.manifest.json`` beside it."""
+    return csv_path.with_name(csv_path.stem + ".manifest.json")
+
+
+def folder_digest(everyone: Sequence[str]) -> str:
+    """A digest of a submissions folder's learners (sorted): shards of one folder agree."""
+    return hashlib.sha256(json.dumps(sorted(everyone)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What one CSV covers: the run's seed, memory bound and chapters, the shard (``"K/N"``,
+    or None for a whole class), whether kernels ran sandboxed, the learners whose rows it
+    holds, the folder's learner count and digest, and the gradebook and feedback folder the
+    run wrote (relative to the CSV's folder), if any."""
+
+    seed: int
+    memory: str
+    chapters: list[str]
+    shard: str | None
+    sandbox: bool
+    learners: list[str]
+    folder_learners: int
+    folder_digest: str
+    gradebook: str | None = None
+    feedback: str | None = None
+    format: int = MANIFEST_FORMAT
+
+    def write(self, path: Path) -> None:
+        """Write it as JSON, keys sorted, so equal manifests are equal files."""
+        Path(path).write_text(json.dumps(asdict(self), indent=1, sort_keys=True) + "\n",
+                              encoding="utf-8")
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The manifest at ``path``; a missing or malformed one is refused, naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"no manifest {str(path)!r} beside the CSV: was it written by "
+                         "grade?") from None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read manifest {str(path)!r}: {error}") from None
+    names = set(Manifest.__dataclass_fields__)
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or set(data) != names:
+        raise ValueError(f"{str(path)!r} is not a manifest of format {MANIFEST_FORMAT}")
+    return Manifest(**data)
+
+
+def relative_to_csv(path: Path | None, csv_path: Path) -> str | None:
+    """``path`` as the manifest records it: relative to the CSV's folder."""
+    return None if path is None else os.path.relpath(path, csv_path.parent)
+
+
+def recorded(text: str | None, manifest: Path) -> Path | None:
+    """A path the manifest at ``manifest`` records, resolved from its folder."""
+    return None if text is None else (Path(manifest).parent / text).resolve()
