@@ -39,10 +39,12 @@ def test_passing_function_passes(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_failure_report_names_call_got_expected_and_hint() -> None:
-    result = evaluate(find_exercise("00.to_kib"), lambda n: n // 1024)
+    result = evaluate(find_exercise("00.to_kib"), lambda n: float(n // 1024))
     assert result.status == "failed" and result.passed == 3
     text = result.report_text()
-    assert "FAIL fn(1536)" in text and "got      1" in text and "expected 1.5" in text
+    assert "FAIL fn(1536)" in text and "got      1.0" in text and "expected 1.5" in text
+    ints = evaluate(find_exercise("00.to_kib"), lambda n: n // 1024)
+    assert ints.passed == 0 and "got 0 (int), expected 0.0 (float)" in ints.report_text()
     assert "hint" in text and "expected raises ValueError" in text
 
 

@@ -4,6 +4,7 @@ Wrong answers and other right designs are in ``tests/mutants/ch02.py`` and ``ch0
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -193,3 +194,29 @@ def test_batch_utilisation_is_pooled_and_bounded(lengths: list[int], block_size:
     assert u == pytest.approx(batch_u(lengths, block_size))
     held = sum(blocks_needed(n, block_size) for n in lengths)
     assert sum(lengths) / (sum(lengths) + held * (block_size - 1)) <= u + 1e-12 <= 1 + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 7, 12345])
+def test_each_merge_case_needs_its_merge_and_no_exact_fit(seed: int) -> None:
+    """A merge case admits a request that fits only if the released slots merged, and is one
+    slot short of the merged gap, so a placement that refuses exact fits still places it:
+    the report names the merge, never "an exact fit"."""
+    from course_lib.grading import ch02
+
+    rng = random.Random(seed)
+    sizes, tail = [rng.randint(2, 20) for _ in range(4)], rng.randint(2, 20)
+    for hint, script in ch02._merge_scripts(sizes, tail, rng.randint):
+        merged = ch02._run_script(LibraryFirstFit(sum(sizes) + tail), script)
+        assert list(merged.values())[-1] is not None, hint
+        strict = ch02._run_script(GrowingReference(sum(sizes) + tail, "strict"), script)
+        assert strict == merged, hint
+
+
+def test_a_head_first_free_is_told_to_free_last_block_first() -> None:
+    """Both wrong orders (one batch head first, or block by block from the last, each to the
+    front) leave the first block at the front of the queue; every case that shows it says so."""
+    from course_lib.grading.ch03 import LAST_FIRST, HeadFirstTables
+
+    result = run("03.block_tables", HeadFirstTables, seed=0)
+    failed = [case for case in result.cases if not case.passed]
+    assert failed and all(case.hint == LAST_FIRST for case in failed), result.report_text()

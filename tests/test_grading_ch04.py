@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from course_lib.grading import ch04, chapter_exercises, find_exercise
-from course_lib.grading.check import CheckResult, evaluate
+from course_lib.grading.check import CheckResult, evaluate, recognising
 from course_lib.paged import BlockPool
 from course_lib.prefix_cache import block_hashes
 from tests.mutants.ch04 import (
+    MostRecentlyFreedEvictedFirst,
     ReferenceQueue,
     append_without_copy_on_write,
     library_append,
@@ -142,3 +143,21 @@ def test_a_crash_in_learner_code_is_reported_with_its_line() -> None:
     result = run("04.fork", broken)
     assert result.status == "failed" and result.passed == 0
     assert "raised NameError" in result.cases[0].got and "tabel" in result.cases[0].got
+
+
+def test_slips_that_give_the_same_value_share_a_hint_that_names_each() -> None:
+    found = ch04._slips(lambda slip: 1 if slip in "ab" else 2, [("a", "A"), ("b", "B"),
+                                                              ("c", "C")])
+    compare = recognising(found)
+    assert compare(1, 0).hint == "A; or else: B" and compare(2, 0).hint == "C"
+    assert compare(0, 0).passed and compare(3, 0).hint == ""
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_evicting_the_newest_cached_block_is_never_told_another_mistake(seed: int) -> None:
+    """Every case that a queue evicting the most recently freed cached block fails names that
+    mistake (where another slip gives the same value, both are named)."""
+    result = run("04.free_queue", MostRecentlyFreedEvictedFirst, seed=seed)
+    failed = [case for case in result.cases if not case.passed]
+    assert failed and all("freed longer ago" in case.hint for case in failed), (
+        result.report_text())

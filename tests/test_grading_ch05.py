@@ -182,3 +182,20 @@ def test_fresh_cases_hold_every_kind_of_fixed_case(name: str) -> None:
         assert kinds(exercise.cases()) <= kinds(fresh), seed
         shared = {case.call for case in fresh} & {case.call for case in exercise.cases()}
         assert all("=[]" in call for call in shared), shared
+
+
+@pytest.mark.parametrize(("exercise", "mistake", "phrase"), [
+    ("05.recompute_tokens", "only the prompt is recomputed", "AND the tokens it generated"),
+    ("05.plan_preemptions", "a block needed one token early", "not when the token it writes"),
+    ("05.plan_preemptions", "fcfs preempts the oldest", "not the oldest"),
+    ("05.choose_victim", "the newest admission, as fcfs", "not the newest admission"),
+])
+def test_a_recognised_slip_is_named_wherever_it_shows(exercise: str, mistake: str,
+                                                       phrase: str) -> None:
+    """Every case a recognised slip fails with a wrong value (not a raise) names that slip,
+    fresh cases included."""
+    mutant = next(m for m in MUTANTS if m.exercise == exercise and m.name == mistake)
+    result = evaluate(find_exercise(exercise), mutant.obj, seed=0)
+    failed = [case for case in result.cases if not case.passed
+              and not case.differs.startswith(("raised", "returned"))]
+    assert failed and all(phrase in case.hint for case in failed), result.report_text()

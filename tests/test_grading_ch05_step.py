@@ -297,3 +297,14 @@ def test_the_run_travels_by_value_into_a_process_without_the_answer_key() -> Non
                           check=True, timeout=120)
     records = cloudpickle.loads(done.stdout)
     assert judge(case, observe(replace(case, run=lambda fn: records), None)).passed
+
+
+def test_a_scene_names_the_rule_of_the_field_that_differs() -> None:
+    """The preempted-request scene tests that a step which preempted admits nobody; a
+    victim put at the back of the queue there is told so, not about admission."""
+    scene = ch05_step.SCENES[1]
+    case = ch05_step._scene_case(scene)
+    result = judge(case, observe(case, mistaken(requeue_at_back=True)))
+    assert result.differs.startswith("waiting:") and result.hint == ch05_step.REQUEUE
+    result = judge(case, observe(case, mistaken(admits_after_preempting=True)))
+    assert result.differs.startswith("admitted:") and result.hint == scene.hint

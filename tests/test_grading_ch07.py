@@ -64,6 +64,18 @@ def test_each_new_scenario_is_needed() -> None:
         assert judge(case, observe(case, TwoPassStep(skip_blocked=True))).passed
 
 
+def test_only_decodes_that_need_a_block_in_the_same_step_tell_the_claim_order() -> None:
+    """Claiming newest first changes which request gets which new block, nothing else: only
+    the scenario where two decodes need a block in one step sees it, and names it."""
+    newest_first = TwoPassStep(newest_first=True)
+    for label, requests, blocks in ch07.SCENARIOS:
+        case = ch07.step_case(requests, blocks, label)
+        result = judge(case, observe(case, newest_first))
+        assert result.passed == (requests is not ch07.SAME_STEP), label
+        if not result.passed:
+            assert result.differs.startswith("tables[") and result.hint == ch07.CLAIM_ORDER
+
+
 def test_the_run_holds_no_expected_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """The case's run drives the learner's step with the scenario only: it works with the
     reference and contiguous generation gone, as in the grader's sandbox."""
@@ -107,6 +119,17 @@ def test_drawn_scenarios_finish_and_preempt_as_their_kind_says(seed: int) -> Non
     roomy, tight, queue = map(_preempted, runs)
     assert not roomy and tight
     assert queue[0] == (2, ["q", "r", "s"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_drawn_same_step_scenario_has_two_decodes_take_a_block_in_one_step(seed: int) -> None:
+    steps = ch07._expected_run(tuple(ch07._same_step(random.Random(seed))[0].items()),
+                               ch07._same_step(random.Random(seed))[1])[0]
+    assert not _preempted(steps) and not steps[-1]["running"] and not steps[-1]["waiting"]
+    grew = [step for step, (before, after) in enumerate(itertools.pairwise(steps), start=1)
+            if all(len(after["tables"].get(r, [])) == len(before["tables"].get(r, [])) + 1
+                   for r in ("p", "q"))]
+    assert grew
 
 
 # --- the exercise model is sensitive -----------------------------------------------------------

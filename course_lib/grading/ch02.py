@@ -593,8 +593,39 @@ def _first_fit_arena_case(num_slots: int, script: Sequence[Step], hint: str) -> 
     return Case(_script_text(num_slots, script),
                 lambda cls, n=num_slots, s=tuple(script): _run_script(cls(n), s),
                 _run_script(_LibraryFirstFit(num_slots), script), hint,
-                compare=recognising(_fit_mistakes(num_slots,
-                                                  lambda arena: _run_script(arena, script))))
+                compare=recognising(_fit_mistakes(
+                    num_slots, lambda arena: _run_script(arena, script))))
+
+
+MERGE_RIGHT = ("a released slab merges with the free gap on its RIGHT, the one that starts where "
+               "it ends (here the gap the slab after it left)")
+MERGE_LEFT = ("a released slab merges with the free gap on its LEFT too, the one that ends "
+              "where it starts (here the gap the slab before it left), not only with the one on "
+              "its right")
+MERGE_END = "a released slab merges with the free space at the end of the arena"
+MERGE_BOTH = ("a slab released between two gaps merges with both at once: the gap on its left, "
+              "its own slots and the gap on its right become one gap")
+
+
+def _merge_scripts(sizes: Sequence[int], tail: int,
+                   pick: Callable[[int, int], int]) -> list[tuple[str, list[Step]]]:
+    """Scripts over slabs 0..3 of ``sizes`` (each at least 2 slots) and ``tail`` free slots
+    (at least 2) after them that release neighbours and admit a request that fits only if
+    the released slots merged: to the right, to the left, with the free end, on both sides.
+    ``pick(low, high)`` chooses its size; ``high`` is one short of the merged gap, so a
+    placement that refuses exact fits still places it and the hint names the merge."""
+    fill: list[Step] = [("admit", rid, size) for rid, size in enumerate(sizes)]
+    first, second, third, last = sizes
+    pair = pick(max(first, second) + 1, first + second - 1)
+    return [
+        (MERGE_RIGHT, [*fill, ("release", 1, 0), ("release", 0, 0), ("admit", 4, pair)]),
+        (MERGE_LEFT, [*fill, ("release", 0, 0), ("release", 1, 0), ("admit", 4, pair)]),
+        (MERGE_END, [*fill, ("release", 3, 0), ("admit", 4, pick(max(last, tail) + 1,
+                                                                   last + tail - 1))]),
+        (MERGE_BOTH, [*fill, ("release", 0, 0), ("release", 2, 0), ("release", 1, 0),
+                      ("admit", 4, pick(max(first + second, second + third) + 1,
+                                        first + second + third - 1))]),
+    ]
 
 
 def _first_fit_arena_cases() -> list[Case]:
@@ -604,14 +635,7 @@ def _first_fit_arena_cases() -> list[Case]:
          [*fill, ("admit", 4, 20)]),
         ("a released slab leaves a gap that the next request can reuse",
          [*fill, ("release", 1, 0), ("admit", 4, 20), ("admit", 5, 1)]),
-        ("releasing two neighbours must merge them into one gap",
-         [*fill, ("release", 1, 0), ("release", 0, 0), ("admit", 4, 45)]),
-        ("merge in either order: the gap after a slab and the gap before it",
-         [*fill, ("release", 0, 0), ("release", 1, 0), ("admit", 4, 50)]),
-        ("a released slab merges with the free space at the end of the arena",
-         [*fill, ("release", 3, 0), ("admit", 4, 25)]),
-        ("merge on both sides at once",
-         [*fill, ("release", 0, 0), ("release", 2, 0), ("release", 1, 0), ("admit", 4, 75)]),
+        *_merge_scripts([size for _, _, size in fill], 15, lambda low, high: high),
         ("first fit, not worst fit: the lowest gap that fits wins even when a larger one exists",
          [*fill, ("release", 1, 0), ("release", 3, 0), ("admit", 4, 10)]),
         (FIT_HINTS["best"], [*fill, ("release", 0, 0), ("release", 3, 0), ("admit", 4, 8)]),
@@ -690,28 +714,24 @@ def _random_script(rng: random.Random, num_slots: int, count: int) -> list[Step]
 
 
 def _first_fit_arena_fresh(seed: int) -> list[Case]:
-    """Seeded gaps where first, best and worst fit and "no exact fit" disagree; three
-    neighbours released right to left, then the last slab, next to the arena's free end; a
-    released id and a refused one admitted again; a seeded script; each bug."""
+    """Seeded gaps where first, best and worst fit and "no exact fit" disagree; seeded
+    neighbours released so that a request fits only if they merged to the right, to the
+    left, with the arena's free end or on both sides; a released id and a refused one
+    admitted again; a seeded script; each bug."""
     rng = random.Random(seed)
     size = rng.randint(2, 12)
     looser, loosest = rng.randint(1, size - 1), rng.randint(size, 30)
     num_slots, script = _layout(rng, [size + looser, size, size + loosest])
     placed = [*script, ("admit", 50, size), ("admit", 51, size),
               ("admit", 52, size + loosest + 1)]
-    sizes = [rng.randint(1, 20) for _ in range(rng.randint(4, 8))]
-    first, tail = rng.randrange(len(sizes) - 3), rng.randint(1, 20)
-    merged = [*(("admit", rid, n) for rid, n in enumerate(sizes)),
-              *(("release", rid, 0) for rid in (first + 2, first, first + 1)),
-              ("admit", 50, sum(sizes[first:first + 3])), ("release", len(sizes) - 1, 0),
-              ("admit", 51, sizes[-1] + tail)]
+    sizes, tail = [rng.randint(2, 20) for _ in range(4)], rng.randint(2, 20)
+    merges = _merge_scripts(sizes, tail, rng.randint)
     reuse_slots, reuse, refused = _reuse_scripts(rng)
     random_slots = rng.randint(40, 120)
     return [
         _first_fit_arena_case(num_slots, placed, "slabs go to the lowest address that fits; "
                               "None when no gap holds the size"),
-        _first_fit_arena_case(sum(sizes) + tail, merged, "a released slab merges with the free "
-                              "slots on both sides of it, and with the free end of the arena"),
+        *(_first_fit_arena_case(sum(sizes) + tail, merge, hint) for hint, merge in merges),
         _first_fit_arena_case(reuse_slots, reuse, "a released request holds nothing: the same "
                               "id may be admitted again"),
         _first_fit_arena_case(reuse_slots, refused, REFUSED_HINT),
@@ -826,8 +846,8 @@ def _growing_case(num_slots: int, script: Sequence[Move], hint: str) -> Case:
     return Case(_grow_text(num_slots, script),
                 lambda cls, n=num_slots, s=tuple(script): _grow_script(cls(n), s),
                 _grow_script(GrowingReference(num_slots), script), hint,
-                compare=recognising(_fit_mistakes(num_slots,
-                                                  lambda arena: _grow_script(arena, script))),
+                compare=recognising(_fit_mistakes(
+                    num_slots, lambda arena: _grow_script(arena, script))),
                 hints={"arena.copied": COPIED_HINT})
 
 

@@ -17,9 +17,8 @@ that the kernel rebuilds from primitive pool operations, so only the learner's
 four methods and compared, block id by block id, with ``PrefixCachingBlockPool`` running the
 same script.
 
-Every case's ``run`` returns plain data (ints, None, str, lists, tuples, dicts), and
-``strict_equal`` compares it type for type: ``True`` is not ``1`` and ``7.0`` is not ``7``.
-Each case also replays the usual slips (a fork that shares nothing, an append without
+Every case's ``run`` returns plain data (ints, None, str, lists, tuples, dicts). Each case
+also replays the usual slips (a fork that shares nothing, an append without
 copy-on-write, a hash chain without its parent, a lookup past a miss, ...) on its own
 inputs, so a wrong answer that matches one is told which slip it is. Fresh cases draw every
 kind of fixed case again, with other sizes and lengths.
@@ -33,7 +32,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from course_lib.grading.check import Case, Exercise, labelled, recognising, strict_equal
+from course_lib.grading.check import (
+    Case,
+    Exercise,
+    labelled,
+    recognising,
+)
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
@@ -57,15 +61,16 @@ Mistakes = Sequence[tuple[Any, str]]
 
 def _case(call: str, run: Callable[[Any], Any], expected: Any, hint: str,
           mistakes: Mistakes = (), hints: Mapping[str, str] | None = None) -> Case:
-    """A case compared with ``strict_equal`` that recognises ``mistakes``."""
-    return Case(call, run, expected, hint, recognising(mistakes, strict_equal),
+    """A case that recognises ``mistakes``."""
+    return Case(call, run, expected, hint, recognising(mistakes),
                 hints=hints or {})
 
 
 def _slips(replay: Callable[[Any], Any], slips: Sequence[tuple[Any, str]]) -> list[
         tuple[Any, str]]:
-    """``replay`` of every slip that runs to the end, with its hint."""
-    found = []
+    """``replay`` of every slip that runs to the end, with its hint (``recognising`` names
+    every slip that gives a learner's wrong value)."""
+    found: list[tuple[Any, str]] = []
     for slip, hint in slips:
         try:
             found.append((replay(slip), hint))
@@ -855,6 +860,9 @@ def _play(
                 out[f"{op[1]}[{len(tables[op[1]])}]"] = "OutOfBlocks"
         elif op[0] == "free" and op[1] not in tables:  # the learner's hit missed
             out[f"free({op[1]})"] = "skipped: the hit found no block"
+        elif op[0] == "free" and len(tables[op[1]]) != len(op[2]):  # ran out of blocks early
+            out[f"free({op[1]})"] = (f"skipped: {op[1]} holds {len(tables.pop(op[1]))} "
+                                     f"blocks, the script frees {len(op[2])}")
         elif op[0] == "free":
             queue.free(list(tables.pop(op[1])), list(op[2]))
         elif op[0] == "hit":
@@ -935,7 +943,7 @@ QUEUE_SCRIPTS: tuple[tuple[int, list[QueueOp], str], ...] = (
     (8, [("alloc", "A", 2), ("alloc", "B", 2), ("free", "A", ("a0", "a1")),
          ("free", "B", ("b0", "b1")), ("alloc", "C", 7)],
      "two requests' cached blocks: the one freed longer ago is evicted first"),
-    (4, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("alloc", "B", 2),
+    (5, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("alloc", "B", 2),
          ("lookup", "a2"), ("lookup", "a1"), ("lookup", "a0")],
      "a block handed out again is overwritten: its hash must no longer be found"),
     (5, [("alloc", "A", 2), ("free", "A", ("a0", "a1")), ("hit", "B", "a1"), ("alloc", "C", 3)],
@@ -947,8 +955,8 @@ QUEUE_SCRIPTS: tuple[tuple[int, list[QueueOp], str], ...] = (
          ("free", "B", ("b0", "b1")), ("hit", "C", "a1"), ("free", "C", ("a1",)),
          ("alloc", "D", 4)],
      "a block used again is recently used: freed again, it joins the back of the queue"),
-    (4, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("hit", "B", "a0"),
-         ("alloc", "C", 1), ("hit", "D", "a2"), ("hit", "E", "a1")],
+    (5, [("alloc", "A", 3), ("free", "A", ("a0", "a1", "a2")), ("hit", "B", "a0"),
+         ("alloc", "C", 2), ("hit", "D", "a2"), ("hit", "E", "a1")],
      "a hit on a block that was evicted is a miss (lookup returns None)"),
 )
 
@@ -1011,25 +1019,29 @@ QUEUE_SLIPS = (
 """Wrong free queues the checks recognise, with their hints."""
 
 
-def _queue_case(num_blocks: int, script: Sequence[QueueOp], call: str, hint: str) -> Case:
+def _queue_case(num_blocks: int, script: Sequence[QueueOp], call: str, hint: str,
+                hints: Mapping[str, str] | None = None) -> Case:
     return _case(
         f"{call} -> what allocate and lookup returned",
         lambda cls, n=num_blocks, s=tuple(script): _play(cls(n), s),
         _play(_LibraryQueue(num_blocks), script),
         hint,
         _slips(lambda slip: _play(_QueueSlip(num_blocks, slip), script), QUEUE_SLIPS),
+        hints,
     )
 
 
 RANDOM_QUEUE_HINT = ("compare your queue with the rules one by one: front or back, tail before "
                      "head, hits leave the queue, evicted hashes are forgotten")
+QUEUE_RAISED = ("allocate from an empty queue must raise OutOfBlocks (the script records it and "
+                "goes on); no other call may raise")
 
 
 def _random_queue_case(seed: int, num_blocks: int = 9) -> Case:
     script = _random_script(seed, num_blocks, 60)
     return _queue_case(num_blocks, script, f"q = cls({num_blocks}); a seeded mix of "
                        f"{len(script)} allocations, frees and hits (seed {seed})",
-                       RANDOM_QUEUE_HINT)
+                       RANDOM_QUEUE_HINT, {"raised": QUEUE_RAISED})
 
 
 def _queue_cases() -> list[Case]:

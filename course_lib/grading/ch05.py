@@ -10,8 +10,8 @@ simulator's ``CostModel``; the priority victim follows vLLM's code, which the te
 with ``Scheduler.victim`` where the two rules meet.
 
 Every case's ``run`` returns plain data (ints, floats, bools, strings, None, and lists or
-tuples of them) and compares it type-strictly, so ``True`` is not ``1`` and a ``Request``
-returned instead of its id is reported, not accepted.
+tuples of them): a ``Request`` returned instead of its id is reported as such, not compared
+as the dict of its fields.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from course_lib.grading.check import (
     Raises,
     Verdict,
     first_difference,
+    recognising,
     strict_equal,
 )
 from course_lib.kv_math import MODELS, blocks_needed
@@ -45,7 +46,7 @@ from course_lib.workload import Request
 GUIDE_TOKEN_BYTES = MODELS["guide-8kv"].bytes_per_token("fp16")
 PLAIN = (type(None), bool, int, float, str)
 
-# --- plain data, compared strictly ------------------------------------------------------------
+# --- plain data ------------------------------------------------------------------------------
 
 
 def _plain(value: Any) -> Any:
@@ -67,8 +68,8 @@ RETURN_PLAIN = ("return plain data (an id, a number, a bool, lists of them), not
 
 
 def _strict(got: Any, expected: Any) -> Verdict:
-    """Type-strict equality that names the first part that differs, and a value that was
-    not plain data (see :func:`_plain`) as such."""
+    """The course's comparison (``strict_equal``), naming the first part that differs, and
+    a value that was not plain data (see :func:`_plain`) as such."""
     if strict_equal(got, expected):
         return Verdict(True)
     if isinstance(got, str) and ", not plain data: " in got:
@@ -76,9 +77,12 @@ def _strict(got: Any, expected: Any) -> Verdict:
     return Verdict(False, first_difference(got, expected, strict_equal) or "")
 
 
-def _case(call: str, run: Any, expected: Any, hint: str) -> Case:
-    """A case whose result is made plain and compared strictly."""
-    return Case(call, lambda obj: _plain(run(obj)), expected, hint, _strict)
+def _case(call: str, run: Any, expected: Any, hint: str,
+          mistakes: Sequence[tuple[Any, str]] = ()) -> Case:
+    """A case whose result is made plain (see :func:`_plain`) before it is compared, and
+    whose wrong value is told which of ``mistakes`` it comes from."""
+    return Case(call, lambda obj: _plain(run(obj)), expected, hint,
+                recognising(mistakes, compare=_strict))
 
 
 def _show(request: Request) -> str:
@@ -129,7 +133,11 @@ ADMIT_BUDGET = ("max_num_batched_tokens counts step_tokens plus, for each admiss
                 "too")
 ADMIT_SEATS = ("max_num_seqs counts the running requests, including those admitted a moment "
                "ago in the same step")
-BAD_INPUT = "refuse impossible input with ValueError, whichever argument it is"
+def _bad_input(*checks: tuple[bool, str]) -> str:
+    """The hint of a call with one impossible argument: the first of ``checks`` (is it
+    broken, which argument is) that is broken."""
+    what = next(argument for broken, argument in checks if broken)
+    return f"{what} is impossible: raise ValueError naming it, whichever argument it is"
 
 AdmitArgs = tuple[list[int], int, int, int, int, int | None, int | None]
 """waiting, free blocks, block size, running, step tokens, max_num_seqs,
@@ -147,7 +155,10 @@ def _bad_admit_case(waiting: list[int], free: int, size: int, what: str) -> Case
     """A call with one impossible argument, ``what``, which must raise ValueError."""
     return _case(f"fn(waiting={waiting}, free_blocks={free}, block_size={size}, num_running=0, "
                  f"step_tokens=0)  # {what}", lambda fn: fn(list(waiting), free, size, 0, 0),
-                 Raises(ValueError), BAD_INPUT)
+                 Raises(ValueError),
+                 _bad_input((size < 1, "a block_size below 1"),
+                            (free < 0, "a negative free_blocks"),
+                            (True, "a waiting length below 1")))
 
 
 def _admit_cases() -> list[Case]:
@@ -237,9 +248,16 @@ VICTIM_RETURNED = "return the victim's id (a plain int), not the Request"
 
 
 def _victim_case(running: Sequence[Request], hint: str) -> Case:
+    last_of_equals = max(reversed(running), key=lambda r: (r.priority, r.arrival)).id
+    mistakes = [
+        (running[-1].id, f"{VICTIM_IMPORTANCE}, not the newest admission (that is fcfs)"),
+        (min(running, key=lambda r: (r.priority, -r.arrival)).id, VICTIM_IMPORTANCE),
+        (max(running, key=lambda r: (r.priority, -r.arrival)).id, VICTIM_ARRIVAL),
+        (max(running, key=lambda r: r.priority).id, VICTIM_ARRIVAL),
+        (last_of_equals, VICTIM_TIE)]
     case = _case(f"fn(running=[{', '.join(map(_show, running))}])",
                  lambda fn, running=tuple(running): fn(list(running)),
-                 priority_victim(running), hint)
+                 priority_victim(running), hint, mistakes)
     return replace(case, hints={"returned": VICTIM_RETURNED})
 
 
@@ -306,14 +324,23 @@ RECOMPUTE_ALL = ("everything the request held is prefilled again (its prompt AND
 
 
 def _recompute_case(p: int, g: int, c: int, b: int, hint: str) -> Case:
+    length = p + g
+    mistakes = [(p - min(c, (p - 1) // b) * b, RECOMPUTE_ALL),  # the prompt only
+                (max(length - c * b, 0), RECOMPUTE_CACHE),  # the cache takes the last token
+                (length - min(c, length // b) * b, RECOMPUTE_CACHE)]  # and a full last block
     return _case(f"fn(prompt_len={p}, generated={g}, cached_blocks={c}, block_size={b})",
-                 lambda fn: fn(p, g, c, b), recomputed(p, g, c, b), hint)
+                 lambda fn: fn(p, g, c, b), recomputed(p, g, c, b), hint, mistakes)
 
 
 def _bad_recompute_case(bad: tuple[int, int, int, int]) -> Case:
     """A call with one impossible argument, which must raise ValueError."""
+    prompt, generated, cached, size = bad
     return _case("fn(prompt_len={}, generated={}, cached_blocks={}, block_size={})".format(*bad),
-                 lambda fn: fn(*bad), Raises(ValueError), BAD_INPUT)
+                 lambda fn: fn(*bad), Raises(ValueError),
+                 _bad_input((prompt < 1, "a prompt_len below 1"),
+                            (generated < 0, "a negative generated"),
+                            (cached < 0, "a negative cached_blocks"),
+                            (size < 1, "a block_size below 1")))
 
 
 def _recompute_cases() -> list[Case]:
@@ -622,12 +649,48 @@ def running_sets() -> list[RunningSet]:
     ]
 
 
+def _plan_slip(running: Sequence[tuple[Request, int]], free_blocks: int, block_size: int,
+               policy: str, slip: str) -> list[int]:
+    """What a plan with one slip returns: ``"oldest"`` (fcfs preempts the oldest),
+    ``"early"`` (a block needed when the token fills one), ``"floor"`` (a victim's partly
+    filled block not given back) or ``"keeps_need"`` (a victim still needs its block)."""
+    def full(length: int) -> bool:
+        return (length + (slip == "early")) % block_size == 0
+
+    survivors, victims = list(running), []
+    need = sum(full(length) for _, length in survivors)
+    while need > free_blocks and survivors:
+        if policy == "fcfs":
+            victim = survivors[0] if slip == "oldest" else survivors[-1]
+        else:
+            victim = max(survivors, key=lambda pair: (pair[0].priority, pair[0].arrival))
+        survivors.remove(victim)
+        free_blocks += (victim[1] // block_size if slip == "floor"
+                        else blocks_needed(victim[1], block_size))
+        need -= full(victim[1]) if slip != "keeps_need" else 0
+        victims.append(victim[0].id)
+    return victims
+
+
+PLAN_SLIPS = (("oldest", "under fcfs the NEWEST admission (the last in the list) goes first, "
+               "not the oldest"),
+              ("early", "a request needs a new block only when its blocks are all full (length "
+               "% block_size == 0), not when the token it writes fills the last one"),
+              ("floor", "a victim gives back EVERY block it holds, its partly filled last one "
+               "too"),
+              ("keeps_need", "a victim no longer needs a new block: stop as soon as everyone "
+               "left can write"))
+"""Plans with one slip the check recognises, with their hints."""
+
+
 def _plan_case(running: list[tuple[Request, int]], free: int, size: int, policy: str,
                hint: str) -> Case:
+    mistakes = [(_plan_slip(running, free, size, policy, slip), slip_hint)
+                for slip, slip_hint in PLAN_SLIPS]
     return _case(f"fn(running={_show_running(running)}, free_blocks={free}, "
                  f"block_size={size}, policy={policy!r})",
                  lambda fn: fn(list(running), free, size, policy),
-                 plan_preemptions(running, free, size, policy), hint)
+                 plan_preemptions(running, free, size, policy), hint, mistakes)
 
 
 def _bad_plan_case(running: list[tuple[Request, int]], free: int, size: int, policy: str,
@@ -635,7 +698,11 @@ def _bad_plan_case(running: list[tuple[Request, int]], free: int, size: int, pol
     """A call with one impossible argument, ``what``, which must raise ValueError."""
     return _case(f"fn(running={_show_running(running)}, free_blocks={free}, block_size={size}, "
                  f"policy={policy!r})  # {what}",
-                 lambda fn: fn(list(running), free, size, policy), Raises(ValueError), BAD_INPUT)
+                 lambda fn: fn(list(running), free, size, policy), Raises(ValueError),
+                 _bad_input((policy not in POLICIES, "an unknown policy"),
+                            (free < 0, "a negative free_blocks"),
+                            (size < 1, "a block_size below 1"),
+                            (True, "a running length below 1")))
 
 
 def _plan_cases() -> list[Case]:

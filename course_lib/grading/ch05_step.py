@@ -426,12 +426,14 @@ class Scene:
     the blocks their length needs, so there "blocks full" and "length % block_size == 0" are
     the same test, and a preempted request at the front of the queue never fits back at once
     (so admission would stop there anyway). ``must`` maps a result field to what the rule
-    under test requires of it."""
+    under test requires of it; ``hint`` is the hint of that rule, for a difference in one of
+    ``rule_fields``, while any other field that differs gets its own hint (``HINTS``)."""
 
     label: str
     state: State
     must: tuple[tuple[str, Any], ...]
     hint: str
+    rule_fields: tuple[str, ...]
     block_size: int = 4
 
     def explain(self, got: Any) -> Verdict | None:
@@ -442,7 +444,8 @@ class Scene:
         for key, want in self.must:
             if got[key] != want:
                 return Verdict(False, f"{key}: got {_show(key, got[key])}, the rule gives "
-                                      f"{_show(key, want)}", self.hint)
+                                      f"{_show(key, want)}",
+                               self.hint if key in self.rule_fields else HINTS[key])
         return None
 
 
@@ -472,7 +475,7 @@ def _spare_scene(size: int, old: int, new: int, blocks: int, claims: int, free: 
                   ("free_blocks", free - 1)),
                  "a request claims only when its blocks are full (blocks x block_size == "
                  f"length), not whenever length % block_size == 0: request {old} has room for "
-                 "its token", size)
+                 "its token", ("preempted", "running", "free_blocks"), size)
 
 
 def _preempted_scene(size: int, old: int, new: int, waiting: int, blocks: int, length: int,
@@ -488,7 +491,7 @@ def _preempted_scene(size: int, old: int, new: int, waiting: int, blocks: int, l
                   ("waiting", [{"id": new, "length": length}, {"id": waiting, "length": small}]),
                   ("free_blocks", held - 1)),
                  f"{PREEMPTED_ADMITS}, even when the free blocks would hold the front request",
-                 size)
+                 ("admitted",), size)
 
 
 SCENES = (_spare_scene(4, 0, 1, 2, 1, 1), _preempted_scene(4, 0, 1, 2, 2, 3, 3, 2))

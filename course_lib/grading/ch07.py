@@ -118,10 +118,19 @@ QUEUE = {
 the 3 blocks left exactly at step 1; at step 2 it is preempted and waits at the front, where
 it no longer fits, nor does ``c`` (13 tokens) behind it, while ``d`` (2 tokens) would."""
 
+SAME_STEP = {
+    "a": Request(0, (6, 2, 8), 6),
+    "b": Request(0, (1, 9, 4, 7, 3, 6, 2), 5),
+    "c": Request(1, (8, 5), 3),
+}
+"""``a`` (3 tokens) and ``b`` (7) both need a new block at step 2: the older, ``a``, claims
+first and takes the block at the front of the free queue."""
+
 SCENARIOS: list[tuple[str, dict[str, Request], int]] = [
     ("ragged prompts, room for all", ROOMY, 24),
     ("a pool too small: the newest is preempted", TIGHT, 8),
     ("three waiting at once, an exact fit, a preempted request at the front", QUEUE, 7),
+    ("two decodes need a new block in the same step", SAME_STEP, 10),
 ]
 """The check's scenarios: a label, the requests and the pool's blocks (block 0 is null)."""
 
@@ -322,6 +331,9 @@ FIELDS = ("running", "waiting", "tables", "free", "ref_counts", "computed", "sam
 
 PREEMPT = ("on OutOfBlocks preempt the NEWEST running request (possibly the one asking): "
            "free it, take it out of running, then retry the claim; claims go oldest first")
+CLAIM_ORDER = ("claim decode slots OLDEST first, in running order: when two decodes need a new "
+               "block in the same step, the older one's append_tokens runs first and takes the "
+               "block at the front of the free queue")
 REQUEUE = "a preempted request goes to the FRONT of waiting (waiting.insert(0, r))"
 IN_ORDER = ("admission is first come, first served: stop at the first waiting request that "
             "does not fit; nobody behind it may jump ahead")
@@ -359,6 +371,10 @@ def _recognised(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:
     if key == "running":
         extra = [r for r in got["running"] if r not in want["running"]]
         missing = [r for r in want["running"] if r not in got["running"]]
+        front = want["waiting"][:1]
+        if extra and front and isinstance(got["waiting"], list) and (
+                got["waiting"][:1] != front and front[0] in got["waiting"]):
+            return REQUEUE  # the victim went behind the queue, which let another in
         if extra and all(r in want["waiting"] for r in extra):
             return IN_ORDER if not missing else PREEMPT
         if missing and not extra and all(r in got["waiting"] for r in missing):
@@ -367,11 +383,25 @@ def _recognised(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:
         return REQUEUE
     if key in ("tables", "free", "ref_counts") and set(got["tables"]) - set(got["running"]):
         return FREE
+    if key == "tables" and _last_blocks_swapped(got["tables"], want["tables"]):
+        return CLAIM_ORDER
     if key == "computed":
         if len(got["computed"]) > len(want["computed"]):
             return RECOMPUTE
         return POSITIONS
     return ""
+
+
+def _last_blocks_swapped(got: Any, want: dict[str, list[int]]) -> bool:
+    """Whether the block tables differ only in which request got which of the blocks
+    claimed last: the same requests, lengths and blocks, every difference in a last entry."""
+    if not isinstance(got, dict) or got.keys() != want.keys():
+        return False
+    differ = [r for r in want if got[r] != want[r]]
+    return len(differ) > 1 and all(
+        isinstance(got[r], list) and len(got[r]) == len(want[r])
+        and got[r][:-1] == want[r][:-1] for r in differ) and (
+        sorted(got[r][-1] for r in differ) == sorted(want[r][-1] for r in differ))
 
 
 def _show_computed(pairs: Any) -> str:
@@ -489,14 +519,30 @@ def _queue(rng: random.Random) -> tuple[dict[str, Request], int]:
     return requests, _blocks(first) + (first % BLOCK_SIZE == 0) + whole + 1
 
 
+def _same_step(rng: random.Random) -> tuple[dict[str, Request], int]:
+    """``p`` and ``q`` arrive together with prompt lengths equal modulo the block size, so
+    their decodes need a new block in the same step (within their first four, and both run
+    on after it), and ``r`` joins later; the pool holds them all."""
+    offset = rng.randrange(BLOCK_SIZE)
+    lengths = [offset + BLOCK_SIZE * rng.randint(0 if offset else 1, 2) for _ in range(2)]
+    requests = {name: Request(0, _prompt(rng, length), rng.randint(6, 8))
+                for name, length in zip("pq", lengths, strict=True)}
+    requests["r"] = Request(rng.randint(1, 3), _prompt(rng, rng.randint(1, 6)),
+                            rng.randint(1, 4))
+    room = sum(_blocks(len(q.prompt) + q.max_tokens) for q in requests.values())
+    return requests, room + 1 + rng.randint(0, 2)
+
+
 def _step_fresh(seed: int) -> list[Case]:
     """One drawn scenario of each kind the fixed ones are: room for all, a pool too small,
-    a queue with an exact fit and a preempted request at the front."""
+    a queue with an exact fit and a preempted request at the front, two decodes that need
+    a new block in the same step."""
     rng = random.Random(seed)
     return [step_case(*draw(rng), f"drawn from seed {seed}: {label}") for draw, label in (
         (_roomy, "ragged prompts, room for all"),
         (_tight, "a pool too small: the newest is preempted"),
-        (_queue, "several waiting at once, an exact fit, a preempted request at the front"))]
+        (_queue, "several waiting at once, an exact fit, a preempted request at the front"),
+        (_same_step, "two decodes need a new block in the same step"))]
 
 
 EXERCISES = (

@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -446,23 +446,33 @@ def hint_for(case: Case, differs: str) -> str:
 
 
 def recognising(mistakes: Sequence[tuple[Any, str]],
-                equal: Callable[[Any, Any], bool] = strict_equal) -> Callable[[Any, Any], Verdict]:
+                equal: Callable[[Any, Any], bool] = strict_equal,
+                compare: Callable[[Any, Any], Verdict] | None = None
+                ) -> Callable[[Any, Any], Verdict]:
     """A ``compare`` that names the mistake a wrong value comes from.
 
     ``mistakes`` pairs the value a known mistake gives on this case's inputs (computed by
     the check, in the grader) with the hint for that mistake; a wrong value equal to one of
-    them gets its hint (the first that matches), any other wrong value the case's hints.
+    them gets its hint, and the hints of every mistake that gives that value when several
+    do (the report cannot tell which was made, so it must not name only one); any other
+    wrong value gets the case's hints. ``compare`` judges first where a case needs its own
+    comparison (one that may already name a hint).
     """
-    def compare(got: Any, expected: Any) -> Verdict:
-        if equal(got, expected):
-            return Verdict(True)
-        differs = first_difference(got, expected, equal) or ""
-        for value, hint in mistakes:
-            if not equal(to_plain(value), expected) and equal(got, to_plain(value)):
-                return Verdict(False, differs, hint)
-        return Verdict(False, differs)
+    def judged(got: Any, expected: Any) -> Verdict:
+        if compare is not None:
+            verdict = compare(got, expected)
+        elif equal(got, expected):
+            verdict = Verdict(True)
+        else:
+            verdict = Verdict(False, first_difference(got, expected, equal) or "")
+        if verdict.passed or verdict.hint:
+            return verdict
+        hints = [hint for value, hint in mistakes
+                 if not equal(to_plain(value), expected) and equal(got, to_plain(value))]
+        return replace(verdict, hint="; or else: ".join(dict.fromkeys(hints))) if hints \
+            else verdict
 
-    return compare
+    return judged
 
 
 def _compared(case: Case, got: Any, expected: Any) -> Verdict:

@@ -2,12 +2,17 @@
 
 A view of the grader's rows, not a second grading: for every exercise graded, its status
 and score, how many fixed and fresh cases passed, and the first failing fixed case as
-``check`` reports it (call, what differs, got, expected, hint). Fresh cases show only the
-share passed and the run's seed: their inputs and answers are the grader's alone.
+``check`` reports it (call, what differs, got, expected, hint). Of the fresh cases a page
+shows only the share passed and the run's seed, never their inputs or answers; what a
+notebook "got" is its own output, which a hostile one can forge to spell out the fresh
+inputs it was given (README: regrade with a new seed once pages are out).
 
-Everything a learner controls (names, outputs, error messages) is made one printable line
-and escaped: ``html.escape`` in the page, code spans or backslash escapes in Markdown. A
-page holds only its learner's rows, and its file name is derived from the name so that no
+Everything a learner controls (names, outputs, error messages) is made one printable line,
+cut to :data:`MAX_TEXT` characters, and escaped: ``html.escape`` in the page, code spans or
+backslash escapes in Markdown; the grader's own text of a case (call, expected, hint) is cut
+to :data:`MAX_CASE_TEXT`, and at most :data:`MAX_NOTES` files not graded are listed, so a
+page's size is bounded whatever a harvest or a folder holds. A page holds only its
+learner's rows, and its file name is derived from the name so that no
 name reaches outside the folder and no two names share a file (:func:`page_stem`). The
 page is self-contained: inline CSS, no script, no external resource (its Content Security
 Policy forbids both).
@@ -26,7 +31,16 @@ from course_lib.grading.grade import GradeRow
 from course_lib.grading.report import exact, score_text
 from course_lib.grading.submissions import printable
 
+MAX_TEXT = 300
+"""Most characters of one learner-controlled text shown on a page (got, what differs, a
+note, a file name, a reason); longer ones end in an ellipsis."""
+MAX_CASE_TEXT = 1000
+"""Most characters of the grader's text of a fixed case (call, expected, hint) and of the
+learner's name on a page."""
+MAX_NOTES = 20
+"""Most files not graded listed on one learner's page; the rest are counted."""
 _PLAIN_STEM = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_WINDOWS_DEVICE = re.compile(r"(con|prn|aux|nul|com[1-9]|lpt[1-9])(\..*)?")
 _STATUS_CLASS = {"passed": "passed", "failed": "failed", "flagged": "flagged",
                  "not solved": "unsolved", "not submitted": "missing"}
 STYLE = """
@@ -50,14 +64,21 @@ dd { margin-left: 6.5rem; }
 
 def page_stem(learner: str) -> str:
     """The file name (without suffix) of ``learner``'s page: the name itself where it is a
-    short lower-case name of letters, digits, ``.``, ``_`` and ``-``; otherwise a cleaned
-    form of it plus ``~`` and a digest of the whole name. ``~`` never appears in a plain
-    name, so two learners never share a page, whatever their names, on any file system
-    (case-insensitive ones included), and no name leaves the folder."""
-    if _PLAIN_STEM.fullmatch(learner):
+    short lower-case name of letters, digits, ``.``, ``_`` and ``-`` and no Windows device
+    name (``con``, ``nul.txt``, ``com1``); otherwise a cleaned form of it plus ``~`` and a
+    digest of the whole name. ``~`` never appears in a plain name, so two learners never
+    share a page, whatever their names, on any file system (case-insensitive ones
+    included), and no name leaves the folder."""
+    if _PLAIN_STEM.fullmatch(learner) and not _WINDOWS_DEVICE.fullmatch(learner):
         return learner
     cleaned = re.sub(r"[^a-z0-9._-]+", "_", learner.lower()).strip("._-")[:40] or "learner"
     return f"{cleaned}~{hashlib.sha256(learner.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
+
+def cut(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` as one printable line of at most ``limit`` characters and an ellipsis."""
+    text = printable(text)
+    return text if len(text) <= limit else text[:limit] + "\u2026"
 
 
 def _fresh(row: GradeRow) -> str:
@@ -67,7 +88,7 @@ def _fresh(row: GradeRow) -> str:
 def _said(row: GradeRow) -> str:
     """What the row says beside its counts: the remark of a judged row (never a fresh
     case), else the reason."""
-    return printable(row.remark if row.judged else row.reason)
+    return cut(row.remark if row.judged else row.reason)
 
 
 def _chapters(rows: Sequence[GradeRow]) -> list[tuple[str, list[GradeRow]]]:
@@ -80,12 +101,13 @@ def _case_html(row: GradeRow) -> str:
     if case is None:
         said = _said(row)
         return f'<span class="note">{html.escape(said)}</span>' if said else ""
-    parts = [("call", f"<code>{html.escape(printable(case.call))}</code>")]
+    parts = [("call", f"<code>{html.escape(cut(case.call, MAX_CASE_TEXT))}</code>")]
     if case.differs:
-        parts.append(("differs", html.escape(printable(case.differs))))
-    parts += [("got", f"<code>{html.escape(printable(case.got))}</code>"),
-              ("expected", f"<code>{html.escape(printable(case.expected))}</code>"),
-              ("hint", f'<span class="hint">{html.escape(printable(case.hint))}</span>')]
+        parts.append(("differs", html.escape(cut(case.differs))))
+    parts += [("got", f"<code>{html.escape(cut(case.got))}</code>"),
+              ("expected", f"<code>{html.escape(cut(case.expected, MAX_CASE_TEXT))}</code>"),
+              ("hint", f'<span class="hint">{html.escape(cut(case.hint, MAX_CASE_TEXT))}'
+                       "</span>")]
     if _said(row):
         parts.append(("note", html.escape(_said(row))))
     return "<dl>" + "".join(f"<dt>{name}</dt><dd>{text}</dd>" for name, text in parts) + "</dl>"
@@ -95,7 +117,7 @@ def page_html(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
     """``learner``'s page: a table per chapter, one row per exercise; ``rows`` must all be
     theirs."""
     _only(learner, rows)
-    name = html.escape(printable(learner))
+    name = html.escape(cut(learner, MAX_CASE_TEXT))
     total = sum((exact(row.score) for row in rows if row.exercise), Decimal(0))
     count = sum(1 for row in rows if row.exercise)
     body = [f"<h1>Feedback for <span class=\"learner\">{name}</span></h1>",
@@ -123,9 +145,10 @@ def page_html(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
     notes = [row for row in rows if not row.exercise]
     if notes:
         body.append("<h2>Files not graded</h2><ul>" + "".join(
-            f"<li><code>{html.escape(printable(row.notebook))}</code>: "
-            f"{html.escape(row.status)}: {html.escape(printable(row.reason))}</li>"
-            for row in notes) + "</ul>")
+            f"<li><code>{html.escape(cut(row.notebook))}</code>: "
+            f"{html.escape(cut(row.status))}: {html.escape(cut(row.reason))}</li>"
+            for row in notes[:MAX_NOTES]) + "".join(f"<li>{more}</li>" for more in _more(notes))
+            + "</ul>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'\">"
@@ -133,15 +156,23 @@ def page_html(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def md_text(text: str) -> str:
-    """``text`` as literal Markdown text: one line, every ASCII punctuation mark escaped
-    (CommonMark allows a backslash before each), so nothing becomes markup or HTML."""
-    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", printable(text))
+def _more(notes: Sequence[GradeRow]) -> list[str]:
+    """The line that counts the files not graded past :data:`MAX_NOTES`, if any."""
+    extra = len(notes) - MAX_NOTES
+    return [f"and {extra} more files not graded"] if extra > 0 else []
 
 
-def md_code(text: str) -> str:
-    """``text`` as one Markdown code span, whatever backticks it holds."""
-    text = printable(text)
+def md_text(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` as literal Markdown text: one line of at most ``limit`` characters (before
+    escaping), every ASCII punctuation mark escaped (CommonMark allows a backslash before
+    each), so nothing becomes markup or HTML."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", cut(text, limit))
+
+
+def md_code(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` as one Markdown code span of at most ``limit`` characters, whatever
+    backticks it holds."""
+    text = cut(text, limit)
     fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
     pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
@@ -152,7 +183,7 @@ def page_markdown(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
     _only(learner, rows)
     total = sum((exact(row.score) for row in rows if row.exercise), Decimal(0))
     count = sum(1 for row in rows if row.exercise)
-    lines = [f"# Feedback for {md_code(learner)}", "",
+    lines = [f"# Feedback for {md_code(learner, MAX_CASE_TEXT)}", "",
              f"Total: **{total:.2f}** of {count} exercises. Each exercise's score is the share "
              f"of fresh cases it passed: cases drawn for this grading run (seed `{seed}`), "
              "like the fixed cases your `check` shows but with inputs you have not seen.", ""]
@@ -167,12 +198,13 @@ def page_markdown(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
             lines.append(head)
             case = row.first_failure
             if case is not None:
-                lines.append(f"  - first failing fixed case: {md_code(case.call)}")
+                lines.append("  - first failing fixed case: "
+                             f"{md_code(case.call, MAX_CASE_TEXT)}")
                 if case.differs:
                     lines.append(f"  - differs: {md_text(case.differs)}")
                 lines += [f"  - got: {md_code(case.got)}",
-                          f"  - expected: {md_code(case.expected)}",
-                          f"  - hint: {md_text(case.hint)}"]
+                          f"  - expected: {md_code(case.expected, MAX_CASE_TEXT)}",
+                          f"  - hint: {md_text(case.hint, MAX_CASE_TEXT)}"]
             if _said(row):
                 lines.append(f"  - note: {md_text(_said(row))}")
         lines.append("")
@@ -180,7 +212,8 @@ def page_markdown(learner: str, rows: Sequence[GradeRow], seed: int) -> str:
     if notes:
         lines += ["## Files not graded", ""]
         lines += [f"- {md_code(row.notebook)}: {md_text(row.status)}: {md_text(row.reason)}"
-                  for row in notes]
+                  for row in notes[:MAX_NOTES]]
+        lines += [f"- {more}" for more in _more(notes)]
         lines.append("")
     return "\n".join(lines)
 

@@ -193,24 +193,30 @@ def judge_harvest(text: str, cases: Sequence[Case],
     return found.score, found.status, found.reason, found.flag
 
 
+MAX_OBSERVED_TEXT = 2000
+"""Longest text an observation may carry (what it showed, what was not plain data, each
+error name raised): a harvest with longer text is malformed."""
+
+
 def _valid_observations(observations: Any, count: int) -> bool:
-    """A list of ``count`` observations, each exactly one kind with a short ``shown``."""
+    """A list of ``count`` observations, each exactly one kind, its texts short."""
     if not isinstance(observations, list) or len(observations) != count:
         return False
     for obs in observations:
         if not isinstance(obs, dict) or not isinstance(obs.get("shown"), str):
             return False
         kinds = set(obs) - {"shown"}
-        if len(obs["shown"]) > 2000 or len(kinds) != 1:
+        if len(obs["shown"]) > MAX_OBSERVED_TEXT or len(kinds) != 1:
             return False
         (kind,) = kinds
         value = obs[kind]
         if kind == "raised":
             if not (isinstance(value, list) and 0 < len(value) <= 100
-                    and all(isinstance(v, str) for v in value)):
+                    and all(isinstance(v, str) and len(v) <= MAX_OBSERVED_TEXT
+                            for v in value)):
                 return False
         elif kind == "not_plain":
-            if not isinstance(value, str):
+            if not isinstance(value, str) or len(value) > MAX_OBSERVED_TEXT:
                 return False
         elif kind != "value":
             return False

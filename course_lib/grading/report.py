@@ -8,7 +8,9 @@ lists each learner's total and each exercise's pass rate across the class, compu
 what the CSV holds, so merged shards and regraded learners rewrite it exactly. Learner and
 file names and reasons are escaped (``submissions.printable``), so no learner can break a
 line of either or send a terminal escape. The manifest (``NAME.manifest.json``) records what
-the CSV covers: the seed, the chapters, the shard, the learners, the folder they came from.
+the CSV covers: the seed, the limits, the chapters, the shard, the learners, the folder
+they came from. A CSV read back to be merged or regraded is checked against its manifest
+(:func:`check_rows`), so a tampered or mismatched one is refused, never joined.
 """
 
 from __future__ import annotations
@@ -16,18 +18,25 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
-from collections.abc import Sequence
+import re
+from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from course_lib.grading import chapter_exercises
 from course_lib.grading.grade import GradeRow
 from course_lib.grading.submissions import printable
 
 COLUMNS = ("learner", "chapter", "notebook", "exercise", "score", "status", "reason", "flag")
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 """Version of the manifest's layout; a manifest of another is refused."""
+SUMMARY_WIDTH = 40
+"""Widest name column of the summary: a longer name runs past it on its own line only."""
+_SCORE = re.compile(r"0\.[0-9]{3}|1\.000")
 
 
 def output_paths(out: Path, submissions: Path | None,
@@ -120,14 +129,52 @@ def read_csv(path: Path) -> list[GradeRow]:
         raise ValueError(f"{str(path)!r} is not a CSV the grader wrote (columns "
                          f"{','.join(COLUMNS)})")
     rows = []
-    for learner, chapter, notebook, exercise, score, status, reason, flag in table[1:]:
-        try:
-            value = float(score)
-        except ValueError:
-            raise ValueError(f"{str(path)!r}: score {score!r} is not a number") from None
+    for line, (learner, chapter, notebook, exercise, score, status, reason, flag) in enumerate(
+            table[1:], 2):
+        if not _SCORE.fullmatch(score):
+            raise ValueError(f"{str(path)!r} line {line}: score {score[:40]!r} is not one the "
+                             "grader writes (from 0.000 to 1.000, three decimals)")
         rows.append(GradeRow(unsafe_cell(learner), chapter, unsafe_cell(notebook), exercise,
-                             value, status, unsafe_cell(reason), flag))
+                             float(score), status, unsafe_cell(reason), flag))
     return rows
+
+
+def check_rows(path: Path, rows: Sequence[GradeRow], manifest: Manifest,
+               others: Collection[str] = ()) -> None:
+    """Refuse, naming ``path``, rows that are not exactly those a run with ``manifest``
+    writes: one row per learner of the manifest, chapter of the manifest and exercise of
+    that chapter, each once, and files not graded only of its learners, or, in a whole run
+    or shard 1, of entries of the folder that are no learner (not among ``others``, the
+    learners of the other shards)."""
+    learners = set(manifest.learners)
+    names = {c: {e.name for e in chapter_exercises(c)} for c in manifest.chapters}
+    folder_notes = manifest.shard is None or manifest.shard.startswith("1/")
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for row in rows:
+        where = f"{str(path)!r} holds a row of {printable(row.learner)[:80]!r}"
+        if not row.exercise:
+            if row.chapter or row.score != 0.0:
+                raise ValueError(f"{where} with a chapter or score but no exercise")
+            if row.learner not in learners and (not folder_notes or row.learner in others):
+                raise ValueError(f"{where}, who is not a learner of its manifest")
+        elif row.learner not in learners:
+            raise ValueError(f"{where}, who is not a learner of its manifest")
+        elif row.exercise not in names.get(row.chapter, ()):
+            raise ValueError(f"{where} for exercise {printable(row.exercise)[:80]!r} of "
+                             f"chapter {printable(row.chapter)[:10]!r}, not one its manifest's "
+                             f"chapters {','.join(manifest.chapters)} grade")
+        else:
+            seen[row.learner, row.chapter, row.exercise] += 1
+    twice = [key for key, times in seen.items() if times > 1]
+    if twice:
+        raise ValueError(f"{str(path)!r} holds {len(twice)} rows more than once, the first "
+                         f"{twice[0]!r}")
+    missing = [(learner, chapter, name) for learner in manifest.learners
+               for chapter in manifest.chapters for name in sorted(names[chapter])
+               if (learner, chapter, name) not in seen]
+    if missing:
+        raise ValueError(f"{str(path)!r} lacks {len(missing)} rows its manifest covers, the "
+                         f"first {missing[0]!r}")
 
 
 def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
@@ -136,7 +183,7 @@ def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
     scored = [row for row in rows if row.exercise]
     exercises = sorted({row.exercise for row in scored})
     learners = sorted({row.learner for row in rows})
-    width = max([len(name) for name in learners + exercises] + [8])
+    width = min(max([len(name) for name in learners + exercises] + [8]), SUMMARY_WIDTH)
     lines = [f"Fresh cases drawn with seed {seed} (regrade the same with --seed {seed}).",
              *([f"Memory bound: {memory}."] if memory else []),
              f"Total per learner (out of {len(exercises)} exercises):"]
@@ -160,7 +207,6 @@ def summary(rows: Sequence[GradeRow], seed: int, memory: str = "") -> str:
     return "\n".join(lines)
 
 
-
 def manifest_path(csv_path: Path) -> Path:
     """Where the manifest of ``csv_path`` goes: ``NAME.manifest.json`` beside it."""
     return csv_path.with_name(csv_path.stem + ".manifest.json")
@@ -175,8 +221,9 @@ def folder_digest(everyone: Sequence[str]) -> str:
 class Manifest:
     """What one CSV covers: the run's seed, memory bound and chapters, the shard (``"K/N"``,
     or None for a whole class), whether kernels ran sandboxed, the learners whose rows it
-    holds, the folder's learner count and digest, and the gradebook and feedback folder the
-    run wrote (relative to the CSV's folder), if any."""
+    holds, the folder's learner count and digest, each notebook's ``--timeout`` and
+    ``--memory-mb``, and the gradebook and feedback folder the run wrote (relative to the
+    CSV's folder), if any."""
 
     seed: int
     memory: str
@@ -186,6 +233,8 @@ class Manifest:
     learners: list[str]
     folder_learners: int
     folder_digest: str
+    timeout: float
+    memory_mb: int
     gradebook: str | None = None
     feedback: str | None = None
     format: int = MANIFEST_FORMAT
@@ -208,7 +257,22 @@ def read_manifest(path: Path) -> Manifest:
     names = set(Manifest.__dataclass_fields__)
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or set(data) != names:
         raise ValueError(f"{str(path)!r} is not a manifest of format {MANIFEST_FORMAT}")
-    return Manifest(**data)
+    manifest = Manifest(**data)
+    texts = (manifest.learners, manifest.chapters)
+    if not (all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in texts)
+            and len(set(manifest.learners)) == len(manifest.learners)
+            and isinstance(manifest.seed, int) and isinstance(manifest.memory, str)
+            and type(manifest.memory_mb) is int and type(manifest.timeout) in (int, float)
+            and math.isfinite(manifest.timeout)
+            and (manifest.shard is None or re.fullmatch(r"[0-9]+/[0-9]+", str(manifest.shard)))):
+        raise ValueError(f"{str(path)!r} is not a manifest the grader wrote (its learners, "
+                         "chapters, seed, limits or shard are malformed)")
+    for chapter in manifest.chapters:
+        try:
+            chapter_exercises(chapter)
+        except ValueError as error:
+            raise ValueError(f"{str(path)!r}: {error}") from None
+    return manifest
 
 
 def relative_to_csv(path: Path | None, csv_path: Path) -> str | None:

@@ -5,8 +5,10 @@ name, the i-th belongs to shard ``i mod N + 1`` (``grade.shard_learners``), whic
 machine runs it, and the chapters are those anyone in the whole folder handed in, so each
 shard's rows are exactly the rows a run over the whole class gives its learners. Each run
 writes a manifest beside its CSV (``report.Manifest``). :func:`merge` checks that the parts
-are the N shards of one folder, graded with one seed, each exactly once, then writes the
-rows in the order one run writes them, the summary from those rows, and, when asked, the
+are the N shards of one folder, graded with one seed and the same limits, each exactly
+once, and that each CSV holds exactly the rows its manifest covers (``report.check_rows``:
+scores the grader writes, every learner's every exercise once, no one else's), then writes
+the rows in the order one run writes them, the summary from those rows, and, when asked, the
 gradebook and the feedback pages the shards wrote.
 """
 
@@ -23,6 +25,8 @@ from course_lib.grading.grade import GradeRow, order_rows
 from course_lib.grading.gradebook import write_gradebook
 from course_lib.grading.report import (
     Manifest,
+    check_rows,
+    folder_digest,
     manifest_path,
     read_csv,
     read_manifest,
@@ -60,6 +64,8 @@ def _parts(parts: Sequence[Path]) -> list[tuple[Path, Manifest, tuple[int, int]]
         if manifest.shard is None:
             raise ValueError(f"{str(part)!r} is not a shard (it was graded without --shard)")
         k, n = (int(x) for x in manifest.shard.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError(f"{str(part)!r} claims shard {manifest.shard}, not one of N")
         found.append((Path(part), manifest, (k, n)))
     if not found:
         raise ValueError("grade-merge needs the shards' CSVs")
@@ -67,7 +73,9 @@ def _parts(parts: Sequence[Path]) -> list[tuple[Path, Manifest, tuple[int, int]]
     for what, key in (("shard counts N", lambda m: m.shard.split("/")[1]),
                       ("seeds", lambda m: m.seed),
                       ("submissions folders", lambda m: m.folder_digest),
-                      ("chapters", lambda m: m.chapters), ("sandboxes", lambda m: m.sandbox)):
+                      ("chapters", lambda m: m.chapters), ("sandboxes", lambda m: m.sandbox),
+                      ("memory bounds", lambda m: m.memory), ("timeouts", lambda m: m.timeout),
+                      ("--memory-mb", lambda m: m.memory_mb)):
         if any(key(m) != key(first) for _, m, _ in found):
             shown = ", ".join(f"{str(p)!r}: {key(m)}" for p, m, _ in found)
             raise ValueError(f"the shards differ in their {what} ({shown}): merge only the "
@@ -95,27 +103,26 @@ def merge(out: Path, parts: Sequence[Path], gradebook: Path | None = None,
         raise ValueError(f"the merged CSV {str(out)!r} is one of the shards")
     first = found[0][1]
     learners = sorted(name for _, manifest, _ in found for name in manifest.learners)
-    if len(learners) != first.folder_learners or len(set(learners)) != len(learners):
-        raise ValueError(f"the shards cover {len(set(learners))} learners, the folder has "
-                         f"{first.folder_learners}")
+    if (len(learners) != first.folder_learners or len(set(learners)) != len(learners)
+            or folder_digest(learners) != first.folder_digest):
+        shown = ", ".join(f"{str(p)!r}: {len(m.learners)}" for p, m, _ in found)
+        raise ValueError(f"the shards' learners ({shown}) are not the {first.folder_learners} "
+                         "learners of the folder they were graded from, each once")
     rows = []
-    for path, manifest, (k, n) in found:
+    for path, manifest, _ in found:
         part = read_csv(path)
-        strays = sorted({row.learner for row in part if row.exercise} - set(manifest.learners))
-        if strays:
-            raise ValueError(f"shard {k}/{n} ({str(path)!r}) holds rows of learners its "
-                             f"manifest does not cover: {strays!r}")
+        check_rows(path, part, manifest, set(learners) - set(manifest.learners))
         rows += part
     if feedback is not None:
         _gather_feedback(found, feedback)
     rows = order_rows(rows)
-    memory = "; ".join(dict.fromkeys(m.memory for _, m, _ in found if m.memory))
-    text = summary(rows, first.seed, memory)
+    text = summary(rows, first.seed, first.memory)
     if gradebook is not None:
         write_gradebook(rows, first.chapters, learners, gradebook)
-    manifest = Manifest(first.seed, memory, first.chapters, None, first.sandbox, learners,
-                        first.folder_learners, first.folder_digest,
-                        relative_to_csv(gradebook, out), relative_to_csv(feedback, out))
+    manifest = Manifest(first.seed, first.memory, first.chapters, None, first.sandbox,
+                        learners, first.folder_learners, first.folder_digest, first.timeout,
+                        first.memory_mb, relative_to_csv(gradebook, out),
+                        relative_to_csv(feedback, out))
     write_csv(rows, out)
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
     manifest.write(manifest_path(out))

@@ -272,7 +272,8 @@ class FirstFitWith:
         for start, length in sorted([*self.gaps, slab]):
             touches = merged and merged[-1][0] + merged[-1][1] == start
             if touches and self.MISTAKE != "no_merge" and not (
-                    self.MISTAKE == "merge_after_only" and (start, length) != slab):
+                    self.MISTAKE == "merge_after_only" and (start, length) != slab) and not (
+                    self.MISTAKE == "no_merge_left" and (start, length) == slab):
                 merged[-1] = (merged[-1][0], merged[-1][1] + length)
             else:
                 merged.append((start, length))
@@ -319,7 +320,9 @@ MUTANTS = [
            "a refused admit (None) changes nothing"),
     Mutant("02.first_fit_arena", "no_merge", first_fit_arena_with("no_merge"), "merge"),
     Mutant("02.first_fit_arena", "merge_after_only", first_fit_arena_with("merge_after_only"),
-           "merge"),
+           "the free gap on its RIGHT"),
+    Mutant("02.first_fit_arena", "no_merge_left", first_fit_arena_with("no_merge_left"),
+           "the free gap on its LEFT"),
     Mutant("02.first_fit_arena", "keeps_record", first_fit_arena_with("keeps_record"),
            "the same id may be admitted again"),
     Mutant("02.first_fit_arena", "strict", first_fit_arena_with("strict"),

@@ -298,6 +298,8 @@ class TablesWith:
         if self.MISTAKE == "frees_one_by_one":  # each to the front: the first block ends up first
             for block in reversed(table):
                 self.pool.free(block)
+        elif self.MISTAKE == "head_first_batch":  # one batch, first block first
+            self.pool.free_batch(table)
         else:
             self.pool.free_batch(table[::-1])
         if self.MISTAKE == "keeps_record":
@@ -361,6 +363,8 @@ MUTANTS = [
     Mutant("03.block_tables", "keeps_record", tables_with("keeps_record"),
            "its id may start again"),
     Mutant("03.block_tables", "frees_one_by_one", tables_with("frees_one_by_one"),
+           "last block first"),
+    Mutant("03.block_tables", "head_first_batch", tables_with("head_first_batch"),
            "last block first"),
     Mutant("03.cost_per_million", "no_idle", cost_with("no_idle"),
            "even one that decodes nothing"),

@@ -44,6 +44,7 @@ class TwoPassStep:
     skip_blocked: bool = False  # admission passes over a request that does not fit
     reserve_extra: int = 0  # tokens of room an admission asks for beyond its own
     requeue_at_back: bool = False
+    newest_first: bool = False  # decode slots claimed newest request first
 
     def __call__(self, model: LlamaModel, manager: PagedKVManager, waiting: list[str],
                  running: list[str], tokens: dict[str, list[int]],
@@ -76,9 +77,13 @@ class TwoPassStep:
         """Slots of the decodes (request -> slot); admission needs no word of preemptions
         (the request preempted last never fits back in the same step)."""
         slots: dict[str, int] = {}
+        order = running[::-1] if self.newest_first else list(running)
         index = 0
-        while index < len(running):
-            request = running[index]
+        while index < len(order):
+            request = order[index]
+            if request not in running:  # preempted while an older one claimed
+                index += 1
+                continue
             position = len(tokens[request]) - 1  # of the token fed now; K/V go there
             if self.slots_before_claim:
                 slots[request] = manager.slot_mapping(request, [position])[0]
@@ -163,4 +168,6 @@ MUTANTS = [
            "ALL its tokens"),
     Mutant(STEP, "a victim put at the back of waiting", TwoPassStep(requeue_at_back=True),
            "to the FRONT of waiting"),
+    Mutant(STEP, "decode slots claimed newest first", TwoPassStep(newest_first=True),
+           "claim decode slots OLDEST first"),
 ]
