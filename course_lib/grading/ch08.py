@@ -41,8 +41,8 @@ from course_lib.grading.check import (
     Exercise,
     Raises,
     Satisfies,
-    Verdict,
     labelled,
+    naming_type,
     recognising,
 )
 from course_lib.hybrid import first_needed_block, hit_blocks
@@ -416,18 +416,6 @@ HIT_AN_INT = ("return an int: the hit is k x block_size tokens, a whole number (
               "arithmetic, not / or a float)")
 
 
-def _an_int(compare: Callable[[Any, Any], Verdict], hint: str) -> Callable[[Any, Any], Verdict]:
-    """``compare``, naming with ``hint`` a float that equals the expected int."""
-    def typed(got: Any, expected: Any) -> Verdict:
-        verdict = compare(got, expected)
-        if (not verdict.passed and type(got) is float and type(expected) is int
-                and got == expected):
-            return Verdict(False, verdict.differs, hint)
-        return verdict
-
-    return typed
-
-
 def _hit_mistakes(cached: Sequence[Sequence[bool]], windows: Sequence[int | None],
                   block_size: int, num_tokens: int) -> list[tuple[int, str]]:
     """What each recognised slip gives for these groups (in tokens), with its hint; the
@@ -459,7 +447,7 @@ def _hit_case(cached: Sequence[Sequence[bool]], windows: Sequence[int | None], b
         lambda fn, c=tuple(tuple(bool(f) for f in g) for g in cached), w=tuple(windows): fn(
             [list(g) for g in c], list(w), block_size, num_tokens),
         hit_blocks(cached, windows, block_size, num_tokens) * block_size, _HIT_HINT,
-        compare=_an_int(recognising(_hit_mistakes(cached, windows, block_size, num_tokens)),
+        compare=naming_type(recognising(_hit_mistakes(cached, windows, block_size, num_tokens)),
                         HIT_AN_INT))
 
 

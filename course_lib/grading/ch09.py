@@ -23,7 +23,7 @@ from course_lib.grading.check import (
     Case,
     Exercise,
     Raises,
-    Verdict,
+    naming_type,
     recognising,
     strict_equal,
     unique_labels,
@@ -665,18 +665,6 @@ def _asked_rate(row: dict[str, int]) -> float:
     return row["external_prefix_cache_hits"] / asked if asked else 0.0
 
 
-def _a_float(compare: Callable[[Any, Any], Verdict]) -> Callable[[Any, Any], Verdict]:
-    """``compare``, naming an int that equals the expected float multiple."""
-    def typed(got: Any, expected: Any) -> Verdict:
-        verdict = compare(got, expected)
-        if (not verdict.passed and type(got) is int and type(expected) is float
-                and got == expected):
-            return Verdict(False, verdict.differs, TIER_A_FLOAT)
-        return verdict
-
-    return typed
-
-
 def _row(queries: int, gpu: int, tier: int) -> dict[str, int]:
     return {"prefix_cache_queries": queries, "prefix_cache_hits": gpu,
             "external_prefix_cache_hits": tier}
@@ -686,8 +674,9 @@ def _tier_case(study: dict[float, dict[str, int]], share: float, hint: str) -> C
     call = f"choose_tier({study}, share={share})"
     return Case(call, lambda fn, s=study, f=share: fn({m: dict(r) for m, r in s.items()}, f),
                 _expected_tier(study, share), hint,
-                _a_float(recognising([(value, slip) for value, slip in
-                                      _tier_mistakes(study, share) if value is not None])))
+                naming_type(recognising([(value, slip) for value, slip in
+                                         _tier_mistakes(study, share) if value is not None]),
+                            TIER_A_FLOAT))
 
 
 STUDY = {0.0: _row(1000, 600, 0), 1.0: _row(1000, 600, 80), 4.0: _row(1000, 600, 95),

@@ -475,6 +475,21 @@ def recognising(mistakes: Sequence[tuple[Any, str]],
     return judged
 
 
+def naming_type(compare: Callable[[Any, Any], Verdict],
+                hint: str) -> Callable[[Any, Any], Verdict]:
+    """``compare``, naming with ``hint`` a number of the other type that equals the
+    expected one (``1.0`` for ``1``, ``0`` for ``0.0``): the right value, the wrong type."""
+    def typed(got: Any, expected: Any) -> Verdict:
+        verdict = compare(got, expected)
+        numbers = (int, float)
+        if (not verdict.passed and type(got) in numbers and type(expected) in numbers
+                and type(got) is not type(expected) and got == expected):
+            return Verdict(False, verdict.differs, hint)
+        return verdict
+
+    return typed
+
+
 def _compared(case: Case, got: Any, expected: Any) -> Verdict:
     """The case's comparison as a :class:`Verdict` that names the part that differs."""
     try:
