@@ -16,8 +16,9 @@ holds the two to the same block tables after every step) for the requests it tak
 sample each, prefilled whole (no chunked prefill), by recompute or swap. Admission,
 cache and tier hits and preemption are the shared core's
 (:class:`~course_lib.serving.BaseServingCore`). With prefix caching, a lazy decode's full
-blocks get their hashes only when it is freed (finished, preempted, aborted) or synced
-(``PrefixCachingKVManager.append_tokens(..., cache=False)``), all in one call, which
+blocks get their hashes only when it is freed (finished, preempted, aborted) or synced,
+all in one call (as after ``PrefixCachingKVManager.append_tokens(..., cache=False)``; its
+token ids, positions this core made, go to the manager unchecked), which
 nobody can notice if nobody else could look for them meanwhile: every request brings a
 cache salt of its own (the simulator's requests share nothing), or the caller promises a
 closed loop (``closed_loop``: no prompt continues a sequence still decoding, as in a
@@ -76,6 +77,7 @@ class LazyServingCore(BaseServingCore):
         self._decoding: dict[int, _Decoding] = {}  # by request id
         self._claims: dict[int, list[_Decoding]] = {}  # step -> decodes that claim a block
         self._ends: dict[int, list[_Decoding]] = {}  # step -> decodes that draw their last
+        self._short: int | None = None  # a waiting request that lacked blocks (_admit)
 
     def _check_supported(self, request: ServingRequest) -> None:
         """Refuse a request of several samples, and, with prefix caching outside a closed
@@ -189,7 +191,7 @@ class LazyServingCore(BaseServingCore):
                 continue
             sample = entry.sample
             start = sample.computed + clock - entry.since  # a multiple of the block size
-            self._append(sample, start + 1, cache=False)  # hashed when freed or synced
+            self._append(sample, start + 1)  # hashed when freed or synced
             step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
             entry.claim = clock + size
             if entry.claim <= entry.end:
@@ -197,18 +199,29 @@ class LazyServingCore(BaseServingCore):
 
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests, whole prompts, while the limits, the budget and the free
-        blocks allow (the eager core's rule, for one sequence)."""
+        blocks allow (the eager core's rule, for one sequence).
+
+        A request that lacked blocks is not priced again until this core frees blocks,
+        hashes some or admits a request (each clears ``_short``): until then its cache hit
+        holds no more blocks than it did, and each block that went since was taken from
+        the free ones, so it still lacks blocks (a queue waiting on a full pool costs
+        nothing per step)."""
         scheduler, admitted, decodes = self.scheduler, [], len(self._decoding)
         while (budget := step.left(decodes)) and (index := scheduler.next_waiting()) is not None:
+            if index == self._short:
+                break
             request = self.requests[index]
             chunk = self._prefill_chunk(request, request.samples[0], budget)
-            if (chunk is None or not scheduler.admits(chunk.count, decodes + step.prefill)
-                    or self._blocks_for([chunk]) > self.pool.num_free):
+            if chunk is None or not scheduler.admits(chunk.count, decodes + step.prefill):
+                break
+            if self._blocks_for([chunk]) > self.pool.num_free:
+                self._short = index
                 break
             scheduler.admit_next()
             if request.swapped:
                 self._swap_in(index, request, chunk, step)
             self._add_sequence(chunk)
+            self._short = None
             step.prefill += chunk.count
             step.chunks.append(chunk)
             admitted.append(index)
@@ -246,6 +259,19 @@ class LazyServingCore(BaseServingCore):
         self._append(entry.sample, entry.sample.computed)
         if self._caching:
             self.manager.cache_full_blocks(entry.sample.seq_id)
+            self._short = None
+
+    def _append(self, sample: Sample, end: int) -> None:
+        """Extend a sample's block table to ``end`` tokens, as the shared core does. With
+        prefix caching, the tokens past its prompt are the positions ``_catch_up`` made, so
+        the manager takes them unchecked, and the blocks that fill stay unhashed until the
+        sample is freed or synced (see the module)."""
+        if not self._caching:
+            super()._append(sample, end)
+            return
+        length = self.manager.seq_len(sample.seq_id)
+        if end > length:
+            self.manager._append_positions(sample.seq_id, sample.tokens[length:end])
 
     def _free(self, sample: Sample) -> None:
         """Free a sample's blocks, caught up first (with prefix caching its table too, so
@@ -256,6 +282,7 @@ class LazyServingCore(BaseServingCore):
             if self._caching:
                 self._append(sample, sample.computed)
         super()._free(sample)
+        self._short = None
 
 
 _claim_key = attrgetter("key")

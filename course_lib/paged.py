@@ -24,6 +24,7 @@ The pool can own the K/V tensors: one tensor per layer laid out
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -225,6 +226,11 @@ class BlockPool:
         """The blocks of ``block_ids`` that carry no hash, in order (all of them, here)."""
         return block_ids
 
+    def _num_unheld(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` (ids of this pool) nobody holds: the free blocks a
+        cache hit revives."""
+        return list(map(self._ref.__getitem__, block_ids)).count(0)
+
     def share(self, block_id: int) -> None:
         """Add a reference to a block some sequence already holds (fork)."""
         self._check_held(block_id)
@@ -330,8 +336,7 @@ def _count_and_ids(
         valid = not ids or (min(ends) >= 0 and max(ends) < TOKEN_ID_LIMIT)
     else:  # the fast path; the loop below names a bad id
         ends = ids
-        valid = (all(type(t) is int for t in ids)
-                 and min(ids, default=0) >= 0 and max(ids, default=0) < TOKEN_ID_LIMIT)
+        valid = _are_token_ids(ids)
     if not valid:
         for token in ends:
             if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
@@ -339,6 +344,23 @@ def _count_and_ids(
     if num_tokens is not None and num_tokens != len(ids):
         raise ValueError(f"num_tokens={num_tokens!r} disagrees with {len(ids)} token ids")
     return check_int("num_tokens", len(ids), default), ids
+
+
+def all_of_type(values: list, kind: type) -> bool:
+    """Whether every item of ``values`` is of type ``kind`` exactly (no subclass, so no
+    bool for an int), in C-speed passes: a prompt's ids are checked at every admission."""
+    return list(map(type, values)).count(kind) == len(values)
+
+
+def _are_token_ids(ids: list) -> bool:
+    """Whether every item of ``ids`` is a token id: an int (not a bool) in [0, 2**64)."""
+    if not all_of_type(ids, int):
+        return False
+    try:
+        array("Q", ids)  # unsigned 64-bit: refuses a negative or too large int
+    except (OverflowError, TypeError):
+        return False
+    return True
 
 
 def _kv_rows(
@@ -433,6 +455,17 @@ class PagedKVManager(SequenceLookup):
             tracked = "tracks" if seq.token_ids is not None else "does not track"
             raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
+        self._grow(seq, count, ids)
+
+    def _append_positions(self, seq_id: str, token_ids: list[int]) -> None:
+        """``append_tokens`` of ids the caller made itself, which need no check: the lazy
+        serving core's decodes, whose ids are their positions (``course_lib.lazy_serving``).
+        With prefix caching, the blocks that fill are hashed later (as with ``cache=False``).
+        """
+        self._grow(self._seqs[seq_id], len(token_ids), token_ids)
+
+    def _grow(self, seq: _Sequence, count: int, ids: list[int] | None) -> None:
+        """Extend ``seq`` by ``count`` checked tokens (``ids``, if it tracks them)."""
         pool, table = self.pool, seq.table
         size = pool.block_size
         cow = seq.length % size != 0 and pool.ref_count(table[-1]) > 1

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from course_lib.paged import BlockPool, PagedKVManager, check_int
+from course_lib.paged import BlockPool, PagedKVManager, all_of_type, check_int
 from course_lib.validate import check_list
 
 BlockHash = bytes
@@ -55,7 +55,8 @@ def check_block_hashes(name: str, values: object) -> list[BlockHash]:
     item is a block hash, else a ValueError naming the first bad one (a fast test of the
     whole list first: a chain is checked on every lookup)."""
     hashes = check_list(name, values)
-    if not all(type(h) is bytes and len(h) == HASH_BYTES for h in hashes):
+    if not (all_of_type(hashes, bytes)
+            and list(map(len, hashes)).count(HASH_BYTES) == len(hashes)):
         for value in hashes:
             check_block_hash(f"{name} hash", value)
     return hashes
@@ -225,6 +226,16 @@ class PrefixCachingBlockPool(BlockPool):
             named[block_id] = block_hash  # named twice: the same hash both times
         return ids, hashes
 
+    def _check_cached_once(self, ids: list[int]) -> None:
+        """Raise the ValueError that names the first id of ``ids`` that is not a cached
+        block of this pool, or the repetition if each is one."""
+        for block_id in ids:
+            self._check_id(block_id)
+            if block_id not in self._hash_of:
+                raise ValueError(f"block {block_id!r} is not a cached block")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"block ids {ids} name a block more than once")
+
     def _is_cached(self, block_id: int) -> bool:
         """Whether ``block_id`` carries a hash (so it joins the back of the free queue)."""
         return block_id in self._hash_of
@@ -241,11 +252,7 @@ class PrefixCachingBlockPool(BlockPool):
 
     def cached_block(self, block_hash: BlockHash) -> int | None:
         """The oldest block that holds ``block_hash``, or None."""
-        return self._oldest_holder(check_block_hash("block_hash", block_hash))
-
-    def _oldest_holder(self, block_hash: BlockHash) -> int | None:
-        """``cached_block`` of a checked hash."""
-        holders = self._blocks_of.get(block_hash)
+        holders = self._blocks_of.get(check_block_hash("block_hash", block_hash))
         return next(iter(holders)) if holders else None
 
     def longest_cached_prefix(self, hashes: Iterable[BlockHash]) -> list[int]:
@@ -254,12 +261,12 @@ class PrefixCachingBlockPool(BlockPool):
 
     def _cached_prefix(self, hashes: list[BlockHash]) -> list[int]:
         """``longest_cached_prefix`` of checked hashes (the manager's own chains)."""
-        found = []
+        found, blocks_of = [], self._blocks_of
         for block_hash in hashes:
-            block = self._oldest_holder(block_hash)
-            if block is None:
+            holders = blocks_of.get(block_hash)
+            if not holders:
                 break
-            found.append(block)
+            found.append(next(iter(holders)))  # the oldest holder
         return found
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -268,12 +275,9 @@ class PrefixCachingBlockPool(BlockPool):
         All ids are checked first (cached, each named once), so a refused call takes nothing.
         """
         ids = check_list("block_ids", block_ids)
-        for block_id in ids:
-            self._check_id(block_id)
-            if block_id not in self._hash_of:
-                raise ValueError(f"block {block_id!r} is not a cached block")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"block ids {ids} name a block more than once")
+        if not (all_of_type(ids, int) and len(set(ids)) == len(ids)
+                and self._hash_of.keys() >= set(ids)):  # the fast path; below names the fault
+            self._check_cached_once(ids)
         for block_id in ids:
             if self._ref[block_id] == 0:
                 del self._free[block_id]
@@ -349,7 +353,7 @@ class PrefixCachingKVManager(PagedKVManager):
                              f"their full blocks")
         hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt, known=known)
         hit = self.pool._cached_prefix(hashes[: max(length - 1, 0) // self.block_size])
-        revived = sum(1 for block_id in hit if self.pool.ref_count(block_id) == 0)
+        revived = self.pool._num_unheld(hit)
         fresh = self.blocks_needed(length) - len(hit)
         self._require_free(fresh + revived)
         self.pool.touch(hit)
@@ -372,9 +376,9 @@ class PrefixCachingKVManager(PagedKVManager):
 
         With ``cache=False`` they are hashed later: by ``cache_full_blocks``, or when the
         sequence is freed, so a freed block still joins the free queue as a cached one.
-        For a caller that knows nobody looks them up meanwhile (the lazy serving core's
-        decodes, ``course_lib.lazy_serving``), this hashes a decode's blocks in one call
-        instead of one call per block.
+        For a caller that knows nobody looks them up meanwhile (as the lazy serving core
+        knows of its decodes, ``course_lib.lazy_serving``), this hashes a decode's blocks
+        in one call instead of one call per block.
         """
         if not isinstance(cache, bool):
             raise ValueError(f"cache must be True or False, got {cache!r}")

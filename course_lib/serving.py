@@ -275,7 +275,7 @@ class BaseServingCore:
         if not isinstance(manager, PrefixCachingKVManager):
             return ()
         chain = self._chain(request, sample, (len(sample.tokens) - 1) // self.pool.block_size)
-        return tuple(manager.pool.longest_cached_prefix(chain))
+        return tuple(manager.pool._cached_prefix(chain))  # the core's own hashes
 
     def _tier_hit(self, request: ServingRequest, sample: Sample, gpu_blocks: int) -> int:
         """The blocks right after a sequence's GPU hit that the pool's second tier holds
@@ -303,8 +303,9 @@ class BaseServingCore:
                 if chunk.start % size == 0:
                     return 1  # a decode that starts a new block
                 return int(pool.ref_count(manager.last_block(chunk.sample.seq_id)) > 1)
-            if chunk.hit == ():  # a new sequence that found nothing cached
-                return manager.blocks_needed(chunk.start + chunk.count)
+            if chunk.hit is not None:  # a new sequence, from its cache hit
+                return (manager.blocks_needed(chunk.start + chunk.count) - len(chunk.hit)
+                        + pool._num_unheld(chunk.hit))
         needed, revived, writers = 0, set(), {}
         for chunk in plan:
             end = chunk.start + chunk.count
@@ -343,17 +344,14 @@ class BaseServingCore:
         if chunk.loaded:
             self.pool.write_fetched(self.manager.block_table(sample.seq_id)[first:last], fetched)
 
-    def _append(self, sample: Sample, end: int, *, cache: bool = True) -> None:
+    def _append(self, sample: Sample, end: int) -> None:
         """Extend a sample's block table to ``end`` tokens (its token ids, which prefix
-        caching hashes, or a count); blocks are taken where they are needed. ``cache=False``
-        leaves the blocks that fill unhashed until the sample is next cached in full
-        (``PrefixCachingKVManager.append_tokens``)."""
+        caching hashes, or a count); blocks are taken where they are needed."""
         length = self.manager.seq_len(sample.seq_id)
         if end <= length:
             return
         if self._caching:
-            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end],
-                                       cache=cache)
+            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
         else:
             self.manager.append_tokens(sample.seq_id, end - length)
 
