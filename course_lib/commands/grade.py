@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from course_lib.grading.grade import GradeRow
     from course_lib.grading.report import Manifest
 
+TIMEOUT_S = 300.0
+"""Default ``--timeout``: seconds per notebook."""
 MAX_TIMEOUT_S = 86_400.0
 """Longest per-notebook time limit ``--timeout`` accepts: a day (inf would mean no limit)."""
 MAX_MEMORY_MB = 1 << 20
@@ -60,13 +62,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per learner")
     parser.add_argument("--out", type=Path, default=Path("grades.csv"),
                         help="CSV to write; the summary goes beside it as .txt")
-    parser.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, above=True), default=300.0,
-                        help="seconds a notebook may run before its whole process tree is killed")
+    parser.add_argument("--timeout", type=number(0, MAX_TIMEOUT_S, above=True), default=None,
+                        help="seconds a notebook may run before its whole process tree is killed "
+                        f"(default {TIMEOUT_S:g}; with --learners, the earlier run's)")
     parser.add_argument("--memory-mb", type=integer(GRADER_MIN_MEMORY_MB, MAX_MEMORY_MB),
-                        default=GRADER_MEMORY_MB,
+                        default=None,
                         help="memory of each notebook: the address space of each process and, "
                         "where a cgroup can be made, of the whole sandbox, in MB (at least "
-                        f"{GRADER_MIN_MEMORY_MB}, what a kernel needs to start)")
+                        f"{GRADER_MIN_MEMORY_MB}, what a kernel needs to start; default "
+                        f"{GRADER_MEMORY_MB}; with --learners, the earlier run's)")
     parser.add_argument("--jobs", type=integer(1, MAX_JOBS), default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: the CPU count)")
     parser.add_argument("--chapters", type=chapter_list, default=None,
@@ -108,9 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _earlier(args: argparse.Namespace, csv_path: Path) -> tuple[Manifest, list[GradeRow]]:
-    """For ``--learners``: the earlier run's manifest and rows, once its seed, shard and
-    chapters agree with this one's."""
-    from course_lib.grading.report import manifest_path, read_csv, read_manifest
+    """For ``--learners``: the earlier run's manifest and rows (checked against it), once
+    its seed, shard, chapters and limits agree with this one's; limits not given are the
+    earlier run's."""
+    from course_lib.grading.report import check_rows, manifest_path, read_csv, read_manifest
 
     manifest = read_manifest(manifest_path(csv_path))
     if args.seed != manifest.seed:
@@ -123,7 +128,15 @@ def _earlier(args: argparse.Namespace, csv_path: Path) -> tuple[Manifest, list[G
     if args.chapters is not None and list(args.chapters) != manifest.chapters:
         raise UsageError(f"--chapters {','.join(args.chapters)} differs from the chapters "
                          f"{','.join(manifest.chapters)} of the run that wrote --out")
-    return manifest, read_csv(csv_path)
+    for flag, name in (("--timeout", "timeout"), ("--memory-mb", "memory_mb")):
+        given, then = getattr(args, name), getattr(manifest, name)
+        if given is not None and given != then:
+            raise UsageError(f"{flag} {given:g} differs from the {then:g} of the run that wrote "
+                             f"--out {str(args.out)!r}: regrade with its limits")
+        setattr(args, name, then)
+    rows = read_csv(csv_path)
+    check_rows(csv_path, rows, manifest)
+    return manifest, rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,7 +177,9 @@ def run(args: argparse.Namespace) -> int:
         earlier, kept = _earlier(args, csv_path)
         book = book or recorded(earlier.gradebook, manifest_path(csv_path))
         pages = pages or recorded(earlier.feedback, manifest_path(csv_path))
-    limits = Limits(timeout=args.timeout, memory_mb=args.memory_mb)
+    timeout = TIMEOUT_S if args.timeout is None else args.timeout
+    memory_mb = GRADER_MEMORY_MB if args.memory_mb is None else args.memory_mb
+    limits = Limits(timeout=timeout, memory_mb=memory_mb)
     chapters = earlier.chapters if earlier is not None else args.chapters
     try:
         if not args.no_sandbox:
@@ -185,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if earlier is not None:
         mine = set(report.learners)
         rows = order_rows([*(row for row in kept if row.learner not in mine), *report.rows])
-        covered = sorted(set(earlier.learners) | mine)
+        covered = sorted([*earlier.learners,
+                          *(name for name in report.learners if name not in earlier.learners)])
     write_csv(rows, csv_path)
     text = summary(rows, report.seed, report.memory)
     summary_path.write_text(text + "\n", encoding="utf-8")
@@ -195,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
         write_feedback(report.rows, report.seed, pages, report.learners)
     Manifest(report.seed, report.memory, list(report.chapters),
              None if args.shard is None else "{}/{}".format(*args.shard), not args.no_sandbox,
-             covered, len(report.everyone), folder_digest(report.everyone),
-             relative_to_csv(book, csv_path), relative_to_csv(pages, csv_path),
+             covered, len(report.everyone), folder_digest(report.everyone), timeout,
+             memory_mb, relative_to_csv(book, csv_path), relative_to_csv(pages, csv_path),
              ).write(manifest_path(csv_path))
     print(text)
     print(f"\nwrote {csv_path} and {summary_path}"
