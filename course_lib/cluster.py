@@ -32,13 +32,7 @@ from course_lib.kv_math import GIB
 from course_lib.lazy_serving import LazyServingCore
 from course_lib.paged import BlockPool
 from course_lib.prefix_cache import BlockHash, block_hashes
-from course_lib.router import (
-    ROUTE_POLICIES,
-    HashRing,
-    PrefixIndex,
-    RoutePolicy,
-    prefix_aware_choice,
-)
+from course_lib.router import Arrival, PrefixIndex, Router, make_router
 from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
 from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
 from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats
@@ -50,14 +44,16 @@ from course_lib.workload import Request, check_trace_size, validate_trace
 class ClusterConfig:
     """The cluster: ``replicas`` copies of ``server`` (a paged :class:`SimConfig`), each
     with a CPU tier of ``tier_bytes`` (0: none; needs prefix caching), behind a router of
-    ``policy``. ``load_penalty`` is the prefix-aware router's price, in cached tokens, of
-    one request a replica already has (running or waiting); ``vnodes`` the points per
-    replica on the session-affinity ring."""
+    ``policy`` (a name in ``course_lib.router.ROUTERS``). The rest are router parameters,
+    each given to the routers that have it and checked by the one named: ``load_penalty``
+    is the prefix-aware router's price, in cached tokens, of one request a replica already
+    has (running or waiting); ``vnodes`` the points per replica on the session-affinity
+    ring."""
 
     replicas: int = 8
     server: SimConfig = field(default_factory=lambda: SimConfig(prefix_caching=True))
     tier_bytes: int = 0
-    policy: RoutePolicy = "prefix-aware"
+    policy: str = "prefix-aware"
     load_penalty: float = 64.0
     vnodes: int = 64
 
@@ -69,11 +65,12 @@ class ClusterConfig:
         if self.tier_bytes and not self.server.prefix_caching:
             raise ValueError(f"tier_bytes={self.tier_bytes} needs prefix caching: the tier "
                              f"keeps evicted cached blocks")
-        if self.policy not in ROUTE_POLICIES:
-            raise ValueError(f"unknown policy {describe(self.policy)}; expected one of "
-                             f"{', '.join(ROUTE_POLICIES)}")
-        check_non_negative_number("load_penalty", self.load_penalty, 1e12)
-        check_int("vnodes", self.vnodes, 1, 4096)
+        self.router()
+
+    def router(self) -> Router:
+        """A new router of ``policy`` with this cluster's router parameters."""
+        return make_router(self.policy, {"load_penalty": self.load_penalty,
+                                         "vnodes": self.vnodes})
 
     @property
     def block_bytes(self) -> int:
@@ -200,15 +197,17 @@ class _Tally:
 class Replica:
     """One simulated server: a lazy serving core over a paged pool (with a CPU tier
     when configured) and the bookkeeping that turns its steps into the simulator's metrics.
+    With ``record_evictions`` its prefix cache lists the hashes it evicts, for the router's
+    index (:meth:`drain_evictions`).
     """
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, *, record_evictions: bool = False) -> None:
         server = config.server
         self.config, self.server = config, server
         if server.prefix_caching:
             self.pool: BlockPool = TieredBlockPool(
                 server.num_blocks, server.block_size, tier=CpuTier(config.tier_bytes),
-                block_bytes=config.block_bytes, record_evictions=config.policy == "prefix-aware",
+                block_bytes=config.block_bytes, record_evictions=record_evictions,
                 free_order=server.free_order)
         else:
             self.pool = BlockPool(server.num_blocks, server.block_size,
@@ -329,31 +328,6 @@ class Replica:
                              self.swapped_bytes, float(sum(self.step_seconds)), cache)
 
 
-class _Router:
-    """A policy's state: the round-robin counter, the ring, the prefix index."""
-
-    def __init__(self, config: ClusterConfig) -> None:
-        self.config = config
-        self.turn = 0
-        self.ring = HashRing(range(config.replicas), config.vnodes)
-        self.index = PrefixIndex(config.replicas, config.server.block_size)
-
-    def route(self, session: int, chain: list[BlockHash], replicas: list[Replica]) -> int:
-        """The replica for a request of conversation ``session`` whose prompt's full blocks
-        hash to ``chain`` (prefix-aware routing only)."""
-        policy = self.config.policy
-        if policy == "round-robin":
-            self.turn += 1
-            return (self.turn - 1) % len(replicas)
-        loads = [r.load for r in replicas]
-        if policy == "least-loaded":
-            return loads.index(min(loads))
-        if policy == "session-affinity":
-            return self.ring.lookup(f"session {session}")
-        return prefix_aware_choice(self.index.hit_tokens(chain), loads,
-                                   self.config.load_penalty)
-
-
 def _sessions(trace: Sequence[Request]) -> list[int]:
     """Each request's conversation: the id of the first turn it follows back to."""
     root: dict[int, int] = {}
@@ -411,8 +385,12 @@ class _ClusterRun:
             if r.follows is not None and r.id not in self.rejections:
                 self.followers.setdefault(self.position[r.follows], []).append(i)
         self.sessions = _sessions(trace)
-        self.replicas = [Replica(config) for _ in range(config.replicas)]
-        self.router = _Router(config)
+        self.router = config.router()
+        self.router.start(config.replicas)
+        self.index = PrefixIndex(config.replicas, config.server.block_size)
+        self.routed = 0  # requests routed so far
+        self.replicas = [Replica(config, record_evictions=self.router.uses_prefix_hits)
+                         for _ in range(config.replicas)]
         n = len(trace)
         self.replica_of, self.arrival = [-1] * n, [-1] * n
         self.first, self.done = [-1] * n, [-1] * n
@@ -446,17 +424,22 @@ class _ClusterRun:
                         heapq.heappush(heap, (t + 1 + trace[j].think, j))
                 self._admitted(r, admitted, t)
             if self.observer is not None:
-                self.observer(t, replicas, self.router.index)
+                self.observer(t, replicas, self.index)
             t += 1
         self.bar.close()
         return self._result(t)
 
     def _arrive(self, i: int, t: int) -> None:
-        request = self.trace[i]
-        chain = []
-        if self.config.policy == "prefix-aware":
+        """Route trace request ``i``, arriving at step ``t``, and queue it there."""
+        request, router, hits = self.trace[i], self.router, None
+        if router.uses_prefix_hits:
             chain = self.chains[i] = self._prompt_chain(request)
-        r = self.router.route(self.sessions[i], chain, self.replicas)
+            hits = tuple(self.index.hit_tokens(chain))
+        loads = tuple(replica.load for replica in self.replicas)
+        r = check_int(f"the {router.name} router's choice",
+                      router.choose(Arrival(request, self.routed, self.sessions[i], loads, hits)),
+                      0, len(loads) - 1)
+        self.routed += 1
         self.replica_of[i], self.arrival[i] = r, t
         self.replicas[r].add(i, request)
 
@@ -479,13 +462,13 @@ class _ClusterRun:
     def _admitted(self, r: int, admitted: list[tuple[int, ServingRequest]], t: int) -> None:
         """Record first tokens and keep the router's index: what replica ``r`` admitted
         (its prompt blocks are cached there now) and what it evicted."""
-        index = self.router.index
+        index = self.index
         for i, _ in admitted:
             if self.first[i] < 0:
                 self.first[i] = t
             if i in self.chains:
                 index.admitted(r, self.chains[i])
-        if self.config.policy == "prefix-aware":
+        if self.router.uses_prefix_hits:
             index.evicted(r, self.replicas[r].drain_evictions())
 
     def _result(self, steps: int) -> ClusterResult:

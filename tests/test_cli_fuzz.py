@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from course_lib.__main__ import main
 from course_lib.kv_math import HYBRID_MODELS
+from course_lib.router import ROUTERS
 from course_lib.workload import Request, save_trace
 
 SECONDS_PER_CALL = 10.0
@@ -88,7 +89,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--allocator": ("paged", "exact-size", "reserve-max"), "--fit": ("first", "best"),
     "--policy": ("fcfs", "priority"), "--preemption": ("recompute", "swap"),
     "--cost-model": ("source", "roofline"), "--dtype": ("fp16", "fp8", "fp32"),
-    "--router": ("round-robin", "least-loaded", "session-affinity", "prefix-aware"),
+    "--router": tuple(ROUTERS),
     "--hybrid": tuple(HYBRID_MODELS),
 }
 """Valid choices, drawn often so that the flags behind them are reached too."""

@@ -165,6 +165,7 @@ def test_rejected_requests_take_their_later_turns_with_them() -> None:
     ({"tier_bytes": 10, "server": SimConfig()}, "tier_bytes=10 needs prefix caching"),
     ({"server": SimConfig(allocator="reserve-max")}, "server must be a paged SimConfig"),
     ({"load_penalty": -1}, "load_penalty must be a non-negative number"),
+    ({"policy": "session-affinity", "vnodes": 0}, "vnodes must be an integer >= 1, got 0"),
 ])
 def test_bad_configs(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -30,7 +30,7 @@ from course_lib.commands.kv_size import (
 )
 from course_lib.kv_math import GIB
 from course_lib.limits import MAX_BUDGET_GIB, MAX_INT
-from course_lib.router import ROUTE_POLICIES
+from course_lib.router import ROUTERS
 from course_lib.scheduler import SchedulerConfig
 from course_lib.simulator import ROOFLINE_COSTS, CostModel, SimConfig
 from course_lib.workload import (
@@ -72,8 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_arguments(parser)
     parser.add_argument("--replicas", type=integer(1, MAX_REPLICAS), default=8,
                         help="servers behind the router (default: 8)")
-    parser.add_argument("--router", default="prefix-aware", choices=ROUTE_POLICIES,
-                        help="routing policy (default: prefix-aware)")
+    parser.add_argument("--router", default="prefix-aware", choices=list(ROUTERS),
+                        help="routing policy (default: prefix-aware). " + " ".join(
+                            f"{name}: {policy.summary()}" for name, policy in ROUTERS.items()))
     parser.add_argument("--load-penalty", type=number(0, 1e9),
                         help="prefix-aware: cached tokens that one request a replica already "
                         "has (running or waiting) costs its score (default: 64)")
@@ -174,9 +175,9 @@ def tier_bytes_from(args: argparse.Namespace, server: SimConfig) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Build the cluster and the trace, run, print the metrics."""
-    if args.load_penalty is not None and args.router != "prefix-aware":
+    if args.load_penalty is not None and "load_penalty" not in ROUTERS[args.router].parameters():
         refuse_together("--load-penalty", f"--router {args.router}",
-                        "only the prefix-aware router weighs load against cached tokens")
+                        "that router has no load penalty")
     server = server_from(args)
     config = ClusterConfig(replicas=args.replicas, server=server,
                            tier_bytes=tier_bytes_from(args, server), policy=args.router,
@@ -209,7 +210,7 @@ def cluster_payload(result: ClusterResult, name: str) -> dict[str, Any]:
 def render_cluster(r: Mapping[str, Any]) -> str:
     """The human-readable table of :func:`cluster_payload`."""
     router = r["router"] + (f", load penalty {r['load_penalty']:g} tokens per request"
-                            if r["router"] == "prefix-aware" else "")
+                            if "load_penalty" in ROUTERS[r["router"]].parameters() else "")
     rows = [
         ("workload", f"{r['workload']}: {r['requests']:,} requests run, "
                      f"{r['rejected']:,} rejected"),
