@@ -229,3 +229,15 @@ def test_only_the_entry_point_imports_the_command_layer() -> None:
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             upward += [f"{relative}: {n}" for n in names if n.startswith("course_lib.commands")]
     assert upward == []
+
+
+def test_the_command_line_starts_without_the_graders_dependencies() -> None:
+    """Colab installs the course without its dev extra (no cloudpickle, zmq or pyseccomp):
+    every command but ``grade`` must run there, so building the parser imports none of the
+    grader's modules (lecture 00 calls ``kv-size`` through it)."""
+    probe = ("import sys; from course_lib.__main__ import build_parser; build_parser(); "
+             "print(sorted(m for m in sys.modules if m.startswith(('cloudpickle', 'zmq', "
+             "'course_lib.grading.'))))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

@@ -330,7 +330,7 @@ def test_bad_files_are_reported_and_never_stop_the_class(cheats: tuple) -> None:
 
 def test_names_cannot_forge_lines_or_send_escape_codes(cheats: tuple) -> None:
     out, rows, _, _ = cheats
-    evil = "evil\\n  honest  99.00\\x1b[2J"
+    evil = "evil\\u000a  honest  99.00\\u001b[2J"  # shown with unambiguous escapes
     assert {r["status"] for r in rows[evil] if r["chapter"] == "01"} == {"passed"}
     text = out.with_suffix(".txt").read_text()
     assert "\x1b" not in text and not any(line.startswith("  honest  99") for line in

@@ -347,7 +347,8 @@ def test_the_same_attacks_fail_graded_as_an_ordinary_user(tmp_path: Path) -> Non
         assert code == 0, err[-3000:]
         _assert_attacks_failed(work / "grades.csv", peak)
         assert "no cgroup could be made here" in (work / "grades.txt").read_text()
-        assert sorted(os.listdir(work)) == ["grades.csv", "grades.txt", "subs"]
+        assert sorted(os.listdir(work)) == ["grades.csv", "grades.manifest.json", "grades.txt",
+                                            "subs"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

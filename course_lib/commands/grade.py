@@ -48,9 +48,17 @@ def learner_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def shard_spec(text: str) -> tuple[int, int]:
+    """A ``type=`` for ``--shard``: ``K/N`` with 1 <= K <= N, e.g. ``2/3``."""
+    k, slash, n = text.partition("/")
+    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= 100_000:
+        return int(k), int(n)
+    raise argparse.ArgumentTypeError(f"must be K/N with 1 <= K <= N (shard K of N, e.g. 2/3), "
+                                     f"got {text!r}")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``grade`` and ``grade-merge`` parsers."""
-    from course_lib.grading.shards import shard_spec
 
     parser = subparsers.add_parser(
         "grade", help="grade submitted exercise notebooks",

@@ -14,7 +14,6 @@ gradebook and the feedback pages the shards wrote.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,15 +34,6 @@ from course_lib.grading.report import (
     summary,
     write_csv,
 )
-
-
-def shard_spec(text: str) -> tuple[int, int]:
-    """A ``type=`` for ``--shard``: ``K/N`` with 1 <= K <= N, e.g. ``2/3``."""
-    k, slash, n = text.partition("/")
-    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= 100_000:
-        return int(k), int(n)
-    raise argparse.ArgumentTypeError(f"must be K/N with 1 <= K <= N (shard K of N, e.g. 2/3), "
-                                     f"got {text!r}")
 
 
 @dataclass(frozen=True)
