@@ -21,6 +21,7 @@ exact at each step (a real router's lags by its polling interval).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -217,7 +218,7 @@ class Replica:
         self.tally: dict[int, _Tally] = {}
         self.step_seconds: list[float] = []
         self.running: list[int] = []  # requests running after each step
-        self.sum_len = 0  # KV tokens of the running requests, the step's token included
+        self.t = 0  # the clock step this replica runs next (those before it are accounted)
         self.base = 0  # sum of (len0 - t0) over the running requests
         self.steps = self.output = self.prefilled = self.preemptions = 0
         self.recomputed = self.reused = self.swapped_bytes = 0
@@ -227,8 +228,9 @@ class Replica:
         """Requests running or waiting here."""
         return len(self.core.unfinished)
 
-    def add(self, i: int, request: Request) -> None:
-        """Queue trace request ``i``."""
+    def add(self, i: int, request: Request, chain: Sequence[BlockHash] = ()) -> None:
+        """Queue trace request ``i``, ``chain`` the hashes of its prompt's full blocks
+        (``_ClusterRun._prompt_chain``; with prefix caching the core hashes only the rest)."""
         p = request.prompt_len
         if request.token_ids is None:
             prompt: Sequence[int] = range(p + 1)
@@ -239,17 +241,41 @@ class Replica:
             tokens, salt = list(prompt), None
         queued = ServingRequest(len(self.index), prompt, request.output_len, request.priority,
                                 [Sample(str(request.id), tokens)], cache_salt=salt)
-        self.core.add(queued)
+        self.core.add(queued, known_hashes=chain if self.server.prefix_caching else ())
         self.index.append(i)
         self.tally[i] = _Tally()
 
-    def step(self, t: int, admitted: list[tuple[int, ServingRequest]]) -> list[int]:
-        """Run step ``t``; append the requests it admitted; return those it finished."""
+    def next_busy(self) -> float:
+        """The first clock step from ``t`` on at which this replica may admit, preempt or
+        finish a request (infinity while it has none); until then it only decodes."""
         core = self.core
         if not core.unfinished:
-            self.step_seconds.append(self.server.costs.step_time(0, 0, 0, 0))
-            self.running.append(0)
-            return []
+            return math.inf
+        return self.t + core.quiet_until() - core.clock
+
+    def catch_up(self, t: int) -> None:
+        """Run the clock steps from ``self.t`` up to ``t`` (none past ``next_busy()``) in
+        one call: the running requests decode (the core takes their block claims in order),
+        or nothing runs; each step's seconds and batch are booked as ``step`` books them."""
+        steps, core = t - self.t, self.core
+        if steps <= 0:
+            return
+        batch = len(core.scheduler.running)
+        if core.unfinished:
+            core.skip_to(core.clock + steps)
+        if batch:
+            self.steps += steps
+            self.output += batch * steps
+        step_time, per_token = self.server.costs.step_time, self.server.bytes_per_token
+        self.step_seconds += [step_time((self.base + batch * (s + 1)) * per_token, 0, 0, 0)
+                              for s in range(self.t, t)]
+        self.running += [batch] * steps
+        self.t = t
+
+    def step(self, t: int, admitted: list[tuple[int, ServingRequest]]) -> list[int]:
+        """Run clock step ``t``, the next one (``catch_up``), for a replica with requests;
+        append the requests it admitted; return those it finished."""
+        core = self.core
         schedule = core.schedule()
         swapped = [0, 0]  # blocks and bytes across PCIe in this step
         for request_id in schedule.preempted:
@@ -261,16 +287,16 @@ class Replica:
         if batch:
             self.steps += 1
             self.output += batch
-        self.sum_len = self.base + batch * (t + 1)
         self.prefilled += prefilled
         self.step_seconds.append(self.server.costs.step_time(
-            self.sum_len * self.server.bytes_per_token, prefilled, *swapped))
+            (self.base + batch * (t + 1)) * self.server.bytes_per_token, prefilled, *swapped))
         finished = []
         for request in core.retire(core.advance(schedule)):
             i = self.index[request.request_id]
             self.base -= self.tally[i].len0 - self.tally[i].t0
             finished.append(i)
         self.running.append(len(core.scheduler.running))
+        self.t = t + 1
         return finished
 
     def _admitted(self, chunk: Chunk, schedule: Schedule, t: int, swapped: list[int],
@@ -316,7 +342,7 @@ class Replica:
         pool = self.pool
         if not isinstance(pool, TieredBlockPool) or not pool.evicted:
             return []
-        gone = [h for h in pool.evicted if not pool.longest_cached_prefix([h])]
+        gone = [h for h in pool.evicted if pool.cached_block(h) is None]
         pool.evicted.clear()
         return gone
 
@@ -395,26 +421,28 @@ class _ClusterRun:
         self.replica_of, self.arrival = [-1] * n, [-1] * n
         self.first, self.done = [-1] * n, [-1] * n
         self.chains: dict[int, list[BlockHash]] = {}
+        self.heap = [(r.arrival, i) for i, r in enumerate(trace)
+                     if r.follows is None and r.id not in self.rejections]
+        heapq.heapify(self.heap)  # (step, trace index) of the arrivals to come
+        self.busy = [math.inf] * config.replicas  # each replica's next_busy()
         self.bar = tqdm(total=n - len(self.rejections), disable=not progress,
                         desc=f"cluster of {config.replicas}", unit="req", leave=False)
 
     def run(self) -> ClusterResult:
-        trace, replicas = self.trace, self.replicas
-        heap = [(r.arrival, i) for i, r in enumerate(trace)
-                if r.follows is None and r.id not in self.rejections]
-        heapq.heapify(heap)
+        """Step the clock from event to event: an arrival, or a replica's next step that
+        does more than decode (``Replica.next_busy``); the steps between are caught up in
+        one call per replica when they matter (with an observer, every step)."""
+        trace, replicas, heap = self.trace, self.replicas, self.heap
         remaining = len(trace) - len(self.rejections)
-        t = 0
+        t = -1
         while remaining:
-            if heap and heap[0][0] > t and not any(r.core.unfinished for r in replicas):
-                for replica in replicas:  # idle until the next arrival
-                    replica.step_seconds.extend(
-                        [self.config.server.costs.step_time(0, 0, 0, 0)] * (heap[0][0] - t))
-                    replica.running.extend([0] * (heap[0][0] - t))
-                t = heap[0][0]
+            t = self._next_step(t)
             while heap and heap[0][0] <= t:
                 self._arrive(heapq.heappop(heap)[1], t)
             for r, replica in enumerate(replicas):
+                if self.busy[r] > t:
+                    continue
+                self._catch_up(r, t)
                 admitted: list[tuple[int, ServingRequest]] = []
                 for i in replica.step(t, admitted):
                     self.done[i] = t
@@ -423,17 +451,41 @@ class _ClusterRun:
                     for j in self.followers.get(i, ()):
                         heapq.heappush(heap, (t + 1 + trace[j].think, j))
                 self._admitted(r, admitted, t)
+                self.busy[r] = replica.next_busy()
             if self.observer is not None:
+                for r in range(len(replicas)):
+                    self._catch_up(r, t + 1)
                 self.observer(t, replicas, self.index)
-            t += 1
+                # an observer may sync a core (sync_all), so its quiet stretch may end sooner
+                self.busy = [replica.next_busy() for replica in replicas]
         self.bar.close()
-        return self._result(t)
+        for replica in replicas:
+            replica.catch_up(t + 1)
+        return self._result(t + 1)
+
+    def _next_step(self, t: int) -> int:
+        """The clock step after ``t`` at which something happens: the next arrival or a
+        replica's next busy step (with an observer, the next step while any replica has
+        requests)."""
+        busy = min(self.busy)
+        if self.observer is not None and busy < math.inf:
+            return t + 1
+        return int(min(busy, self.heap[0][0])) if self.heap else int(busy)
+
+    def _catch_up(self, r: int, t: int) -> None:
+        """Bring replica ``r`` to clock step ``t`` (``Replica.catch_up``), the router's index
+        too (the blocks its claims evicted)."""
+        self.replicas[r].catch_up(t)
+        if self.router.uses_prefix_hits:
+            self.index.evicted(r, self.replicas[r].drain_evictions())
 
     def _arrive(self, i: int, t: int) -> None:
         """Route trace request ``i``, arriving at step ``t``, and queue it there."""
         request, router, hits = self.trace[i], self.router, None
+        chain = self.chains[i] = self._prompt_chain(request)
         if router.uses_prefix_hits:
-            chain = self.chains[i] = self._prompt_chain(request)
+            for other in range(len(self.replicas)):
+                self._catch_up(other, t)  # the index as of this step
             hits = tuple(self.index.hit_tokens(chain))
         loads = tuple(replica.load for replica in self.replicas)
         r = check_int(f"the {router.name} router's choice",
@@ -441,12 +493,15 @@ class _ClusterRun:
                       0, len(loads) - 1)
         self.routed += 1
         self.replica_of[i], self.arrival[i] = r, t
-        self.replicas[r].add(i, request)
+        self._catch_up(r, t)
+        self.replicas[r].add(i, request, chain)
+        self.busy[r] = t
 
     def _prompt_chain(self, request: Request) -> list[BlockHash]:
         """The hashes of the full blocks a replica could find cached for ``request`` (none
-        without token ids: such blocks carry a salt of their own). A later turn extends
-        the chain of the turn it follows when its prompt starts with that one's."""
+        without token ids: such blocks carry a salt of their own), hashed once per run for
+        the router and the replica. A later turn extends the chain of the turn it follows
+        when its prompt starts with that one's."""
         if request.token_ids is None:
             return []
         size = self.config.server.block_size
@@ -462,14 +517,13 @@ class _ClusterRun:
     def _admitted(self, r: int, admitted: list[tuple[int, ServingRequest]], t: int) -> None:
         """Record first tokens and keep the router's index: what replica ``r`` admitted
         (its prompt blocks are cached there now) and what it evicted."""
-        index = self.index
         for i, _ in admitted:
             if self.first[i] < 0:
                 self.first[i] = t
-            if i in self.chains:
-                index.admitted(r, self.chains[i])
         if self.router.uses_prefix_hits:
-            index.evicted(r, self.replicas[r].drain_evictions())
+            for i, _ in admitted:
+                self.index.admitted(r, self.chains[i])
+            self.index.evicted(r, self.replicas[r].drain_evictions())
 
     def _result(self, steps: int) -> ClusterResult:
         config, trace = self.config, self.trace

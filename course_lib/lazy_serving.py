@@ -7,9 +7,10 @@ at whose start its sample's ``computed`` and ``tokens`` were last exact, the ste
 token starts its next block, and the step that draws its last token. The record is filed
 under those two steps; when one comes, the request claims its block (preempting, most
 protected first, as :class:`~course_lib.serving.ServingCore` does) or finishes. Its block
-table grows at its claims; its tokens are caught up when it finishes, is preempted or
-aborted (and at each claim with prefix caching, whose manager keeps a sequence's token
-ids). A request's new tokens are its positions (the caller draws nothing).
+table grows at its claims (a stretch of quiet steps', :meth:`LazyServingCore.skip_to`, in
+one go); its tokens are caught up when it finishes, is preempted or aborted. A request's
+new tokens are its positions (the caller draws nothing), so a manager that keeps token ids
+gets them without a catch-up.
 
 It schedules exactly as the eager core does (``tests/test_serving_core_differential.py``
 holds the two to the same block tables after every step) for the requests it takes: one
@@ -29,10 +30,12 @@ conversation whose next turn arrives after the previous one finished,
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
 from course_lib.paged import BlockPool
+from course_lib.prefix_cache import BlockHash
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import (
     BaseServingCore,
@@ -93,10 +96,11 @@ class LazyServingCore(BaseServingCore):
                              f"takes a cache salt of its own per request (the simulator's "
                              f"requests share nothing); got cache_salt={salt!r}")
 
-    def add(self, request: ServingRequest) -> None:
-        """Queue a request checked by ``check_fits``, numbered ``len(requests)`` (its cache
-        salt is taken from then on, with prefix caching outside a closed loop)."""
-        super().add(request)
+    def add(self, request: ServingRequest, *, known_hashes: Sequence[BlockHash] = ()) -> None:
+        """Queue a request as the shared core does (``known_hashes``: its prompt's hashes
+        already computed); its cache salt is taken from then on, with prefix caching
+        outside a closed loop."""
+        super().add(request, known_hashes=known_hashes)
         if self._caching and not self.closed_loop:
             self._salts.add(request.cache_salt)
 
@@ -168,34 +172,42 @@ class LazyServingCore(BaseServingCore):
         """This step's decodes whose token starts a new block claim it, most protected
         first, preempting while the pool is empty. One block, never shared (one sample per
         request and no partial block is ever a cache hit), so there is no plan to price."""
-        entries = self._claims.get(self.clock)
-        if not entries:
+        due = self._due_claims()
+        if not due:
             return
-        clock, decoding, running = self.clock, self._decoding, self.scheduler.running
-        due = [e for e in entries if decoding.get(e.request.request_id) is e and e.claim == clock]
-        due.sort(key=_claim_key)
-        pool, claims = self.pool, self._claims
-        size = pool.block_size
+        pool, running = self.pool, self.scheduler.running
 
         def has_free() -> bool:
             return pool.num_free > 0
 
-        caching = self._caching
         for entry in due:
             index = entry.request.request_id
             if index not in running:
                 continue  # preempted earlier in this step
-            if caching:
-                self._catch_up(entry, clock)  # the manager keeps a cached sequence's ids
             if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
-            sample = entry.sample
-            start = sample.computed + clock - entry.since  # a multiple of the block size
-            self._append(sample, start + 1)  # hashed when freed or synced
-            step.chunks.append(Chunk(entry.request, sample, start, 1, None, True))
-            entry.claim = clock + size
-            if entry.claim <= entry.end:
-                claims.setdefault(entry.claim, []).append(entry)
+            start = self._file_next_claim(entry)
+            self._append(entry.sample, start + 1)  # hashed when freed or synced
+            step.chunks.append(Chunk(entry.request, entry.sample, start, 1, None, True))
+
+    def _due_claims(self) -> list[_Decoding]:
+        """The decodes whose token starts a new block this step, in claim order."""
+        entries = self._claims.get(self.clock)
+        if not entries:
+            return []
+        clock, decoding = self.clock, self._decoding
+        due = [e for e in entries if decoding.get(e.request.request_id) is e and e.claim == clock]
+        due.sort(key=_claim_key)
+        return due
+
+    def _file_next_claim(self, entry: _Decoding) -> int:
+        """File a decode that claims a block this step under its next block's step; the
+        position of this step's token (a multiple of the block size)."""
+        clock = self.clock
+        entry.claim = clock + self.pool.block_size
+        if entry.claim <= entry.end:
+            self._claims.setdefault(entry.claim, []).append(entry)
+        return entry.sample.computed + clock - entry.since
 
     def _admit(self, step: _Step) -> list[int]:
         """Admit waiting requests, whole prompts, while the limits, the budget and the free
@@ -226,6 +238,49 @@ class LazyServingCore(BaseServingCore):
             step.chunks.append(chunk)
             admitted.append(index)
         return admitted
+
+    # --- quiet steps -----------------------------------------------------------------------
+
+    def quiet_until(self) -> int:
+        """The first step from the clock on that may admit, preempt or finish a request;
+        every step before it is quiet: its decodes draw their tokens and those that start a
+        block claim a free one (``skip_to`` runs them in one call). The clock itself while
+        nothing decodes or a waiting request may be admitted."""
+        decoding, waiting = self._decoding, self.scheduler.next_waiting()
+        if not decoding or (waiting is not None and waiting != self._short):
+            return self.clock
+        # Each decode's next claim lies within a block's steps of the clock and recurs once
+        # a block, so the (free + 1)-th claim from now is the first that may find no block.
+        claims = sorted(map(_claim_step, decoding.values()))
+        rounds, nth = divmod(self.pool.num_free, len(claims))
+        starved = claims[nth] + rounds * self.pool.block_size
+        return min(starved, min(map(_end_step, decoding.values())))
+
+    def skip_to(self, step: int) -> None:
+        """Run the quiet steps from the clock up to ``step`` (at most ``quiet_until()``)
+        at the cost of their block claims: a simulator's stretch of plain decoding. The
+        pool hands out the stretch's blocks in one call, in the order its steps claim them,
+        and each decode's table grows once."""
+        if type(step) is not int or not self.clock <= step <= self.quiet_until():
+            raise ValueError(f"step must be an int from the clock ({self.clock}) up to "
+                             f"quiet_until() ({self.quiet_until()}), got {step!r}")
+        claims, ends = self._claims, self._ends
+        order: list[int] = []  # the claiming request of each block, in claim order
+        reach: dict[int, tuple[str, int]] = {}  # request: its sequence, tokens it reaches
+        for clock in range(self.clock, step):
+            self.clock = clock
+            for entry in self._due_claims():
+                index = entry.request.request_id
+                order.append(index)
+                reach[index] = (entry.sample.seq_id, self._file_next_claim(entry) + 1)
+            claims.pop(clock, None)
+            ends.pop(clock, None)  # stale: a live decode's last token ends a quiet stretch
+        self.clock = step
+        taken: dict[int, list[int]] = {index: [] for index in reach}
+        for index, block in zip(order, self.pool.allocate_many(len(order)), strict=True):
+            taken[index].append(block)
+        for index, (seq_id, end) in reach.items():
+            self.manager._extend_positions(seq_id, end, taken[index])  # hashed when freed
 
     # --- decodes and their events ----------------------------------------------------------
 
@@ -263,15 +318,15 @@ class LazyServingCore(BaseServingCore):
 
     def _append(self, sample: Sample, end: int) -> None:
         """Extend a sample's block table to ``end`` tokens, as the shared core does. With
-        prefix caching, the tokens past its prompt are the positions ``_catch_up`` made, so
-        the manager takes them unchecked, and the blocks that fill stay unhashed until the
-        sample is freed or synced (see the module)."""
+        prefix caching, the tokens past its prompt are their positions (as ``_catch_up``
+        makes them), so the manager takes them unchecked, and the blocks that fill stay
+        unhashed until the sample is freed or synced (see the module)."""
         if not self._caching:
             super()._append(sample, end)
             return
         length = self.manager.seq_len(sample.seq_id)
         if end > length:
-            self.manager._append_positions(sample.seq_id, sample.tokens[length:end])
+            self.manager._append_positions(sample.seq_id, range(length, end))
 
     def _free(self, sample: Sample) -> None:
         """Free a sample's blocks, caught up first (with prefix caching its table too, so
@@ -287,3 +342,6 @@ class LazyServingCore(BaseServingCore):
 
 _claim_key = attrgetter("key")
 """A decoding record's place in the claim order."""
+
+_claim_step, _end_step = attrgetter("claim"), attrgetter("end")
+"""A decoding record's next claim step and last step."""

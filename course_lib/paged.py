@@ -457,14 +457,28 @@ class PagedKVManager(SequenceLookup):
         count, ids = _count_and_ids(num_tokens, token_ids, default=1)
         self._grow(seq, count, ids)
 
-    def _append_positions(self, seq_id: str, token_ids: list[int]) -> None:
+    def _append_positions(self, seq_id: str, token_ids: Sequence[int]) -> None:
         """``append_tokens`` of ids the caller made itself, which need no check: the lazy
         serving core's decodes, whose ids are their positions (``course_lib.lazy_serving``).
         With prefix caching, the blocks that fill are hashed later (as with ``cache=False``).
         """
         self._grow(self._seqs[seq_id], len(token_ids), token_ids)
 
-    def _grow(self, seq: _Sequence, count: int, ids: list[int] | None) -> None:
+    def _extend_positions(self, seq_id: str, end: int, blocks: list[int]) -> None:
+        """Extend a sequence to ``end`` tokens into ``blocks``, which the caller just took
+        from the pool for it: exactly the new blocks those tokens need. Their ids, if it
+        tracks them, are their positions (the lazy serving core's decodes, which take a
+        stretch of steps' blocks in one ``allocate_many``; see ``_append_positions``)."""
+        seq = self._seqs[seq_id]
+        if end < seq.length or -(-end // self.block_size) - len(seq.table) != len(blocks):
+            raise ValueError(f"{len(blocks)} blocks do not extend sequence {seq_id!r} of "
+                             f"{seq.length} tokens in {len(seq.table)} blocks to {end} tokens")
+        seq.table += blocks
+        if seq.token_ids is not None:
+            seq.token_ids.extend(range(seq.length, end))
+        seq.length = end
+
+    def _grow(self, seq: _Sequence, count: int, ids: Sequence[int] | None) -> None:
         """Extend ``seq`` by ``count`` checked tokens (``ids``, if it tracks them)."""
         pool, table = self.pool, seq.table
         size = pool.block_size

@@ -260,14 +260,12 @@ class PrefixCachingBlockPool(BlockPool):
         return self._cached_prefix(check_block_hashes("block", hashes))
 
     def _cached_prefix(self, hashes: list[BlockHash]) -> list[int]:
-        """``longest_cached_prefix`` of checked hashes (the manager's own chains)."""
-        found, blocks_of = [], self._blocks_of
-        for block_hash in hashes:
-            holders = blocks_of.get(block_hash)
-            if not holders:
-                break
-            found.append(next(iter(holders)))  # the oldest holder
-        return found
+        """``longest_cached_prefix`` of checked hashes (the manager's own chains), in
+        C-speed passes: a prompt's chain is looked up at every admission."""
+        holders = list(map(self._blocks_of.get, hashes))
+        if None in holders:
+            del holders[holders.index(None):]
+        return list(map(next, map(iter, holders)))  # each hash's oldest holder
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on each cached block, reviving any that sat in the free queue.

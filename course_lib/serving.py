@@ -44,6 +44,7 @@ from course_lib.paged import BlockPool, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCachingKVManager,
+    check_block_hashes,
     extend_chain,
 )
 from course_lib.rollback import UndoablePool, UndoLog, saved_fields, saved_manager
@@ -202,20 +203,43 @@ class BaseServingCore:
                              f"tokens in one step (recomputing a sample), above "
                              f"max_num_batched_tokens={limit}; enable chunked_prefill")
 
-    def add(self, request: ServingRequest) -> None:
-        """Queue a request checked by ``check_fits``, numbered ``len(requests)``."""
+    def add(self, request: ServingRequest, *, known_hashes: Sequence[BlockHash] = ()) -> None:
+        """Queue a request checked by ``check_fits``, numbered ``len(requests)``.
+
+        With prefix caching, ``known_hashes`` are the hash chain of the prompt's leading
+        full blocks (``block_hashes`` with its cache salt) from a caller that computed them
+        anyway, as the cluster does for its router, so the core does not hash them again.
+        They are taken as given: only their form and count (at most the prompt's full
+        blocks) are checked."""
         if request.request_id != len(self.requests):
             raise ValueError(f"request id {request.request_id} is not the next one "
                              f"({len(self.requests)})")
         check_int("max_tokens", request.max_tokens, 1)
         if not len(request.prompt):
             raise ValueError(f"request {request.request_id}: the prompt holds no token")
+        known = self._known_hashes(request, known_hashes)
         self._check_supported(request)
         self.scheduler.enqueue(request.priority, request.request_id)
         self.requests.append(request)
         self.unfinished[request.request_id] = None
         for sample in request.samples:
             self._owner[sample.seq_id] = request.request_id
+            if known:
+                self._chains[sample.seq_id] = list(known)
+
+    def _known_hashes(self, request: ServingRequest,
+                      known_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """``add``'s ``known_hashes`` as a list, if they can name the prompt's leading full
+        blocks, else a ValueError naming them."""
+        known = check_block_hashes("known_hashes", known_hashes)
+        blocks = len(request.prompt) // self.pool.block_size
+        if known and not self._caching:
+            raise ValueError(f"request {request.request_id}: known_hashes need prefix "
+                             f"caching, got {len(known)} hashes")
+        if len(known) > blocks:
+            raise ValueError(f"request {request.request_id}: {len(known)} known_hashes for "
+                             f"a prompt of {blocks} full blocks")
+        return known
 
     def _check_supported(self, request: ServingRequest) -> None:
         """Refuse what the core does not model: swapping a request of several samples."""

@@ -144,6 +144,47 @@ def test_a_lazy_core_touches_a_decode_only_at_its_events() -> None:
     assert len(core.requests[0].samples[0].tokens) == 12 and core.pool.num_used == 0
 
 
+def test_a_lazy_core_skips_its_quiet_steps_to_the_same_state() -> None:
+    """``skip_to`` runs the steps before ``quiet_until`` in one call (block claims in
+    order) and leaves the core as stepping through them does; it refuses to go past."""
+    stepped, skipped = (LazyServingCore(SchedulerConfig(), PrefixCachingBlockPool(16, 4),
+                                        closed_loop=True) for _ in range(2))
+    for core in (stepped, skipped):
+        for index in range(2):
+            core.add(request(index, 3 + index, 12))
+        core.retire(core.advance(core.schedule()))
+    quiet = skipped.quiet_until()
+    assert quiet == stepped.quiet_until() == 11  # request 0 draws its 12th token in step 11
+    with pytest.raises(ValueError, match=r"up to quiet_until\(\) \(11\), got 12"):
+        skipped.skip_to(quiet + 1)
+    skipped.skip_to(quiet)
+    while stepped.clock < quiet:
+        assert not stepped.retire(stepped.advance(stepped.schedule()))
+    for core in (stepped, skipped):
+        core.sync_all()
+    assert skipped.clock == stepped.clock
+    for seq_id in ("r0.0", "r1.0"):
+        assert skipped.manager.block_table(seq_id) == stepped.manager.block_table(seq_id)
+    assert skipped.pool.free_blocks() == stepped.pool.free_blocks()
+
+
+def test_known_hashes_are_the_prompt_s_and_only_with_caching() -> None:
+    mine = request(0, 9, 2)
+    chain = block_hashes(list(mine.prompt), 4)
+    with pytest.raises(ValueError, match="3 known_hashes for a prompt of 2 full blocks"):
+        LazyServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4),
+                        closed_loop=True).add(mine, known_hashes=[*chain, chain[0]])
+    with pytest.raises(ValueError, match="known_hashes need prefix caching, got 2 hashes"):
+        LazyServingCore(SchedulerConfig(), BlockPool(8, 4)).add(mine, known_hashes=chain)
+    with pytest.raises(ValueError, match="known_hashes hash"):
+        ServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4)).add(
+            mine, known_hashes=[b"short"])
+    core = ServingCore(SchedulerConfig(), PrefixCachingBlockPool(8, 4))
+    core.add(mine, known_hashes=chain[:1])
+    core.retire(core.advance(core.schedule(), draw))
+    assert core.manager.stats().query_tokens == 9
+
+
 def test_scheduler_claim_keys_follow_the_policy() -> None:
     trace = [Request(0, 1, 1, priority=2), Request(1, 1, 1, priority=0),
              Request(2, 1, 1, priority=1)]
