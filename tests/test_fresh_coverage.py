@@ -12,7 +12,7 @@ import pytest
 
 from course_lib.grading import GRADED_CHAPTERS, chapter_exercises, find_exercise
 from course_lib.grading.check import Case, Exercise, Raises, observe, run_case
-from course_lib.grading.grade import judge_harvest
+from course_lib.grading.grade import judge_cases
 from tests.mutants import Mutant
 from tests.test_mutant_hints import MUTANTS
 
@@ -112,7 +112,7 @@ def _grade(exercise: Exercise, obj: object, seed: int) -> float:
     cases = [*_fixed(exercise.name), *fresh]
     harvest = {"calls": [case.call for case in cases],
                "observations": [observe(case, obj) for case in cases]}
-    return judge_harvest(json.dumps(harvest), cases, len(_fixed(exercise.name)))[0]
+    return judge_cases(json.dumps(harvest), cases, len(_fixed(exercise.name))).score
 
 
 FUNCTIONS = [m for m in MUTANTS if callable(m.obj) and not isinstance(m.obj, type)

@@ -24,7 +24,7 @@ import pytest
 
 from course_lib.grading import GRADED_CHAPTERS
 from course_lib.grading.check import Case, judge
-from course_lib.grading.grade import build_chapter, grade_folder, judge_harvest
+from course_lib.grading.grade import build_chapter, grade_folder, judge_cases
 from course_lib.grading.sandbox import library_copy, write_library
 from course_lib.limits import GRADER_MEMORY_MB
 
@@ -179,7 +179,7 @@ def test_no_shipped_callable_answers_any_exercise(chapter: str, tmp_path: Path) 
         cases, fixed = built.cases[exercise], built.fixed[exercise]
 
         def measured(text: str, cases: list[Case] = cases, fixed: int = fixed) -> tuple:
-            return judge_harvest(text, cases, fixed)[0], _passed(text, cases)
+            return judge_cases(text, cases, fixed).score, _passed(text, cases)
 
         scores = {label: measured(text) for label, text in by_candidate.items()}
         floor = tuple(max(scores[s][i] for s in STAND_INS) for i in range(2))

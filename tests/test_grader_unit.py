@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from course_lib.__main__ import main
 from course_lib.grading import GRADING_ENV, check, find_exercise
 from course_lib.grading.check import NotPlainData, observe, to_plain
-from course_lib.grading.grade import GradeRow, judge_harvest
+from course_lib.grading.grade import GradeRow, judge_cases
 from course_lib.grading.grade import score as grade_score
 from course_lib.grading.report import output_paths, safe_cell, summary, write_csv
 from course_lib.grading.source import (
@@ -99,11 +99,11 @@ def _kib(n: int) -> float:
 
 def test_judging_a_harvest_scores_in_this_process() -> None:
     cases = _cases("00.to_kib")
-    assert judge_harvest(json.dumps(_harvest("00.to_kib", _kib)), cases) == (
-        1.0, "passed", "", "")
-    score, status, reason, flag = judge_harvest(
-        json.dumps(_harvest("00.to_kib", lambda n: float(n // 1024))), cases)
-    assert (score, status, flag) == (0.6, "failed", "") and "3/5 fixed cases passed" in reason
+    passed = judge_cases(json.dumps(_harvest("00.to_kib", _kib)), cases)
+    assert (passed.score, passed.status, passed.reason, passed.flag) == (1.0, "passed", "", "")
+    failed = judge_cases(json.dumps(_harvest("00.to_kib", lambda n: float(n // 1024))), cases)
+    assert (failed.score, failed.status, failed.flag) == (0.6, "failed", "")
+    assert "3/5 fixed cases passed" in failed.reason
 
 
 @given(st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.booleans(), max_size=8))
@@ -134,9 +134,9 @@ def test_only_fresh_cases_decide_a_score(fixed: list[bool], fresh: list[bool]) -
 def test_malformed_harvests_score_zero_never_crash(damage: object) -> None:
     payload = _harvest("00.to_kib", _kib)
     damage(payload)  # type: ignore[operator]
-    score, status, _, _ = judge_harvest(json.dumps(payload), _cases("00.to_kib"))
-    assert (score, status) == (0.0, "invalid result")
-    assert judge_harvest("{not json", _cases("00.to_kib"))[0] == 0
+    found = judge_cases(json.dumps(payload), _cases("00.to_kib"))
+    assert (found.score, found.status) == (0.0, "invalid result")
+    assert judge_cases("{not json", _cases("00.to_kib")).score == 0
 
 
 def _trees(*cells: str) -> list:

@@ -186,13 +186,6 @@ def judge_cases(text: str, cases: Sequence[Case], fixed: int | None = None) -> J
                      remark=reason, **counts)
 
 
-def judge_harvest(text: str, cases: Sequence[Case],
-                  fixed: int | None = None) -> tuple[float, str, str, str]:
-    """(score, status, reason, flag) of :func:`judge_cases`: the CSV's columns."""
-    found = judge_cases(text, cases, fixed)
-    return found.score, found.status, found.reason, found.flag
-
-
 MAX_OBSERVED_TEXT = 2000
 """Longest text an observation may carry (what it showed, what was not plain data, each
 error name raised): a harvest with longer text is malformed."""
