@@ -592,7 +592,8 @@ def replicas_needed(requests: Sequence[Request], config: ClusterConfig, *,
                     p99_ttft_seconds: float, max_replicas: int = 32) -> int | None:
     """The fewest replicas (up to ``max_replicas``) whose p99 time to first token meets
     ``p99_ttft_seconds`` under ``config``'s policy, or None if none does. Assumes more
-    replicas never hurt (a binary search)."""
+    replicas never hurt: a binary search for the fewest that meet it, if ``max_replicas``
+    does (run last, and only when the search ends there: each run is a whole simulation)."""
     check_non_negative_number("p99_ttft_seconds", p99_ttft_seconds)
     check_int("max_replicas", max_replicas, 1, 1024)
     trace = list(requests)
@@ -600,8 +601,6 @@ def replicas_needed(requests: Sequence[Request], config: ClusterConfig, *,
     def meets(n: int) -> bool:
         return simulate_cluster(trace, replace(config, replicas=n)).p99_ttft <= p99_ttft_seconds
 
-    if not meets(max_replicas):
-        return None
     low, high = 1, max_replicas
     while low < high:
         middle = (low + high) // 2
@@ -609,4 +608,4 @@ def replicas_needed(requests: Sequence[Request], config: ClusterConfig, *,
             high = middle
         else:
             low = middle + 1
-    return low
+    return low if low < max_replicas or meets(max_replicas) else None
