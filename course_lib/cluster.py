@@ -36,7 +36,7 @@ from course_lib.prefix_cache import BlockHash, block_hashes
 from course_lib.router import Arrival, PrefixIndex, Router, make_router
 from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
 from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
-from course_lib.tier import CpuTier, TieredBlockPool, TierStats, tier_stats
+from course_lib.tier import TieredBlockPool, TierStats, tier_stats
 from course_lib.validate import check_int, check_non_negative_number, describe
 from course_lib.workload import Request, check_trace_size, validate_trace
 
@@ -205,14 +205,10 @@ class Replica:
     def __init__(self, config: ClusterConfig, *, record_evictions: bool = False) -> None:
         server = config.server
         self.config, self.server = config, server
-        if server.prefix_caching:
-            self.pool: BlockPool = TieredBlockPool(
-                server.num_blocks, server.block_size, tier=CpuTier(config.tier_bytes),
-                block_bytes=config.block_bytes, record_evictions=record_evictions,
-                free_order=server.free_order)
-        else:
-            self.pool = BlockPool(server.num_blocks, server.block_size,
-                                  free_order=server.free_order)
+        tier = config.tier_bytes if server.prefix_caching else None  # 0: counts lookups
+        cache = replace(server.cache_config(), cpu_tier_bytes=tier)
+        self.pool: BlockPool = cache.make_pool(block_bytes=config.block_bytes,
+                                               record_evictions=record_evictions)
         self.core = LazyServingCore(server.scheduler, self.pool, closed_loop=True)
         self.index: list[int] = []  # core request id -> trace index
         self.tally: dict[int, _Tally] = {}

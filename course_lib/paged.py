@@ -2,15 +2,17 @@
 
 Chapter 03 builds it, chapter 04 shares it, chapters 06 and 07 read real K/V through it.
 
-* ``BlockPool`` hands out physical block ids from a free queue and keeps a reference count
-  per block. Block 0 is the reserved null block (as in vLLM), so a pool of 8 blocks has 7
-  for requests. A fresh pool hands out 1, 2, 3, ... in order. As in vLLM since May 2026
-  (PR 42656), a freed block that holds nothing a later request could find goes to the
-  *front* of the queue and is reused first; only cached blocks (``course_lib.prefix_cache``)
-  go to the back, in least-recently-freed order. A finished sequence's blocks are freed in
-  one batch, last block first (``free_batch``): its blocks without a hash go to the front
-  together, in that order, so its last block is the next one handed out. ``free_order="fifo"``
-  restores vLLM's older order, in which every freed block went to the back.
+* ``BlockPool`` hands out physical block ids from its free queue
+  (``course_lib.free_queue``) and keeps a reference count per block. Block 0 is the
+  reserved null block (as in vLLM), so a pool of 8 blocks has 7 for requests. A fresh pool
+  hands out 1, 2, 3, ... in order. As in vLLM since May 2026 (PR 42656), a freed block that
+  holds nothing a later request could find goes to the *front* of the queue and is reused
+  first; only cached blocks (``course_lib.prefix_cache``) go to the back, in
+  least-recently-freed order. A finished sequence's blocks are freed in one batch, last
+  block first (``free_batch``): its blocks without a hash go to the front together, in that
+  order, so its last block is the next one handed out. ``free_order="fifo"`` restores
+  vLLM's older order, in which every freed block went to the back; any order registered in
+  ``course_lib.free_queue.FREE_ORDERS`` may be named.
 * ``PagedKVManager`` keeps one block table per sequence (logical block i -> physical
   block), allocates a block only when the last one is full, forks sequences by sharing
   every block, and copies a shared, partly filled last block before writing into it
@@ -25,11 +27,12 @@ The pool can own the K/V tensors: one tensor per layer laid out
 from __future__ import annotations
 
 from array import array
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from course_lib.free_queue import FREE_ORDERS, FreeBlockQueue
 from course_lib.kv_math import blocks_needed
 from course_lib.snapshot import BlockEvent, BlockView, PoolSnapshot
 from course_lib.validate import check_int, check_list
@@ -43,10 +46,9 @@ NULL_BLOCK = 0
 TOKEN_ID_LIMIT = 2**64
 """Token ids are unsigned 64-bit integers (prefix caching hashes them as such)."""
 
-FreeOrder = Literal["vllm", "fifo"]
-"""Where a freed block without a hash goes: the front (``"vllm"``) or the back (``"fifo"``)."""
-
-FREE_ORDERS: tuple[FreeOrder, ...] = ("vllm", "fifo")
+FreeOrder = str
+"""The name of an eviction order in ``course_lib.free_queue.FREE_ORDERS`` (``"vllm"``,
+``"fifo"``, ...): where the pool's free queue puts a freed block."""
 
 
 class OutOfBlocks(RuntimeError):
@@ -61,8 +63,9 @@ class OutOfBlocks(RuntimeError):
 class BlockPool:
     """Physical KV blocks: a free queue, reference counts and, optionally, the K/V tensors.
 
-    ``allocate`` and ``free`` are O(1). The free queue is an ordered dict so that a block
-    can also leave it from the middle (prefix caching revives freed blocks that way).
+    ``allocate`` and ``free`` are O(1). The free queue (``free_queue``, a
+    ``course_lib.free_queue.FreeBlockQueue``) lets a block also leave from the middle
+    (prefix caching revives freed blocks that way); its class is the eviction order.
     """
 
     def __init__(
@@ -85,11 +88,12 @@ class BlockPool:
         """
         self.num_blocks = check_int("num_blocks", num_blocks, 2)
         self.block_size = check_int("block_size", block_size, 1)
-        if free_order not in FREE_ORDERS:
-            raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
+        if not isinstance(free_order, str) or free_order not in FREE_ORDERS:
+            raise ValueError(f"free_order must be one of {tuple(FREE_ORDERS)}, got "
+                             f"{free_order!r}")
         self.free_order = free_order
         self._ref = [0] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.free_queue: FreeBlockQueue = FREE_ORDERS[free_order](range(1, num_blocks))
         self._events: dict[int, BlockEvent] = {}
         self._kv = self._make_kv(num_kv_heads, head_dim, num_layers, dtype, device)
 
@@ -127,22 +131,22 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that ``allocate`` can hand out now."""
-        return len(self._free)
+        return len(self.free_queue)
 
     @property
     def num_used(self) -> int:
         """Blocks held by at least one sequence (the null block is neither free nor used)."""
-        return self.num_blocks - 1 - len(self._free)
+        return self.num_blocks - 1 - len(self.free_queue)
 
     def free_blocks(self) -> tuple[int, ...]:
         """The free queue, front (next to be handed out) first."""
-        return tuple(self._free)
+        return tuple(self.free_queue)
 
     def allocate(self) -> int:
         """Take the block at the front of the free queue, with reference count 1."""
-        if not self._free:
+        if not self.free_queue:
             raise OutOfBlocks(1, 0)
-        block_id, _ = self._free.popitem(last=False)
+        block_id = self.free_queue.pop_front()
         self._ref[block_id] = 1
         self._events[block_id] = "allocated"
         return block_id
@@ -151,24 +155,20 @@ class BlockPool:
         """Take ``count`` blocks from the front of the free queue, as ``count`` calls of
         ``allocate`` would, or raise ``OutOfBlocks`` and take none (a prompt's blocks in
         one call)."""
-        free = self._free
+        free = self.free_queue
         if check_int("count", count, 0) > len(free):
             raise OutOfBlocks(count, len(free))
-        pop, ref, events, taken = free.popitem, self._ref, self._events, []
-        for _ in range(count):
-            block_id = pop(last=False)[0]
+        taken, ref, events = free.pop_front_many(count), self._ref, self._events
+        for block_id in taken:
             ref[block_id] = 1
             events[block_id] = "allocated"
-            taken.append(block_id)
         return taken
 
     def free(self, block_id: int) -> None:
-        """Drop one reference; at zero the block joins the free queue (see ``_release``)."""
+        """Drop one reference; at zero the block joins the free queue where its eviction
+        order puts it (a batch of one)."""
         self._check_held(block_id)
-        self._ref[block_id] -= 1
-        if self._ref[block_id] == 0:
-            self._release(block_id)
-            self._events[block_id] = "freed"
+        self._free_checked([block_id])
 
     def free_batch(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block of ``block_ids`` (all checked first, so a
@@ -183,16 +183,14 @@ class BlockPool:
     def _free_checked(self, block_ids: list[int]) -> None:
         """``free_batch`` of checked ids (a manager frees a block table here directly: its
         blocks are held and named once)."""
-        ref, queue, events, freed = self._ref, self._free, self._events, []
+        ref, events, freed = self._ref, self._events, []
         for block_id in block_ids:
             ref[block_id] -= 1
             if not ref[block_id]:
-                queue[block_id] = None
                 events[block_id] = "freed"
                 freed.append(block_id)
-        if self.free_order == "vllm":
-            for block_id in reversed(self._uncached(freed)):
-                queue.move_to_end(block_id, last=False)
+        if freed:
+            self.free_queue.release(freed, self._cached_ids())
 
     def _checked_batch(self, block_ids: Sequence[int]) -> list[int]:
         """``block_ids`` as a list, if each is held at least as often as it is named."""
@@ -208,23 +206,9 @@ class BlockPool:
                                      f"{self._ref[block_id]} times")
         return ids
 
-    def _release(self, block_id: int) -> None:
-        """Queue a block nobody holds: to the back if cached (or under "fifo"), else the front.
-
-        A block without a hash can never be found again, so reusing it first keeps cached
-        blocks longer (vLLM PR 42656).
-        """
-        self._free[block_id] = None
-        if self.free_order == "vllm" and not self._is_cached(block_id):
-            self._free.move_to_end(block_id, last=False)
-
-    def _is_cached(self, block_id: int) -> bool:
-        """Whether ``block_id`` carries a hash a later request could find (never, here)."""
-        return False
-
-    def _uncached(self, block_ids: list[int]) -> list[int]:
-        """The blocks of ``block_ids`` that carry no hash, in order (all of them, here)."""
-        return block_ids
+    def _cached_ids(self) -> Container[int]:
+        """The blocks that carry a hash a later request could find (none, here)."""
+        return ()
 
     def _num_unheld(self, block_ids: Sequence[int]) -> int:
         """How many of ``block_ids`` (ids of this pool) nobody holds: the free blocks a

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,14 +236,9 @@ class PrefixCachingBlockPool(BlockPool):
         if len(set(ids)) != len(ids):
             raise ValueError(f"block ids {ids} name a block more than once")
 
-    def _is_cached(self, block_id: int) -> bool:
-        """Whether ``block_id`` carries a hash (so it joins the back of the free queue)."""
-        return block_id in self._hash_of
-
-    def _uncached(self, block_ids: list[int]) -> list[int]:
-        """The blocks of ``block_ids`` that carry no hash, in order."""
-        hashed = self._hash_of
-        return [b for b in block_ids if b not in hashed]
+    def _cached_ids(self) -> Container[int]:
+        """The blocks that carry a hash (what the free queue's order keeps longest)."""
+        return self._hash_of.keys()
 
     def block_hash(self, block_id: int) -> BlockHash | None:
         """The hash ``block_id`` carries, or None."""
@@ -278,9 +273,10 @@ class PrefixCachingBlockPool(BlockPool):
             self._check_cached_once(ids)
         for block_id in ids:
             if self._ref[block_id] == 0:
-                del self._free[block_id]
+                self.free_queue.remove(block_id)
             self._ref[block_id] += 1
             self._events[block_id] = "cache-hit"
+        self.free_queue.hit(ids)
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,21 @@ every step would keep that promise, but its cost grows with the pool (30,720 blo
 chapter 01's Llama-3-8B budget) although a step touches a handful of blocks. Here, instead:
 
 * a pool made undoable (:func:`undoable`) records, while an :class:`UndoLog` is attached,
-  how to put back each change it makes: a reference count, a place in the free queue, a
-  block event, a prefix-cache hash, and the K/V of a block it hands out again after that
-  block was cached or freed in the same step (the only K/V a later write destroys; a block
-  taken as a cache hit is only read);
+  how to put back each change it makes: a reference count, a place in the free queue (by
+  the queue's own operations: a block handed out goes back to the front, a freed one
+  leaves, as every eviction order of ``course_lib.free_queue`` allows), a block event, a
+  prefix-cache hash, and the K/V of a block it hands out again after that block was cached
+  or freed in the same step (the only K/V a later write destroys; a block taken as a cache
+  hit is only read);
 * the serving core snapshots the bookkeeping of the live requests (their samples, block
   tables, queues), which is what a step of continuous batching changes anyway.
 
 Undo runs the log newest first, so every dict regains its order as well as its values
 (all but the keys of the prefix cache's two hash maps, which nothing iterates: an undone
 eviction puts its block's entries back at their ends).
-One change costs one log entry, except reviving a freed cached block from the middle of the
-free queue: its place there cannot be recorded in O(1), so the first such revival in a step
-saves the queue's order once.
+One change costs one log entry, except a cache hit: reviving a freed cached block takes it
+from the middle of the free queue, and an eviction order may count hits, so the first hit
+in a step saves the queue's snapshot (``FreeBlockQueue.snapshot``) once.
 """
 
 from __future__ import annotations
@@ -81,8 +83,16 @@ class UndoablePool:
     def attach(self, log: UndoLog | None) -> None:
         """Start recording into ``log`` (None stops recording)."""
         self.undo_log = log
-        self._queue_saved = False  # this log has saved the free queue's order
+        self._queue_saved = False  # this log holds the free queue's snapshot (a cache hit)
         self._freed_in_log: set[int] = set()  # blocks freed since (their K/V still matter)
+
+    def _save_queue(self, log: UndoLog) -> None:
+        """Before this log's first cache hit, record the free queue's snapshot."""
+        if not self._queue_saved:
+            queue = self.free_queue
+            snapshot = queue.snapshot()
+            log.add(lambda: queue.restore(snapshot))
+            self._queue_saved = True
 
     def _note_block(self, log: UndoLog, block_id: int) -> None:
         """Record ``block_id``'s reference count and latest event as they are now."""
@@ -95,13 +105,13 @@ class UndoablePool:
 
     def allocate(self) -> int:
         log = self.undo_log
-        if log is None or not self._free:
+        if log is None or not self.free_queue:
             return super().allocate()
-        block_id = next(iter(self._free))
+        block_id = next(iter(self.free_queue))  # the front: the block handed out next
         self._save_kv(log, block_id)
         self._note_block(log, block_id)
         self._note_hash(log, block_id)
-        log.add(lambda: self._requeue_front(block_id))
+        log.add(lambda: self.free_queue.push_front([block_id]))
         return super().allocate()
 
     def allocate_many(self, count: int) -> list[int]:
@@ -111,29 +121,13 @@ class UndoablePool:
             raise OutOfBlocks(count, self.num_free)
         return [self.allocate() for _ in range(count)]
 
-    def _requeue_front(self, block_id: int) -> None:
-        """Put a handed-out block back at the front of the free queue."""
-        self._free[block_id] = None
-        self._free.move_to_end(block_id, last=False)
-
-    def free(self, block_id: int) -> None:
-        log = self.undo_log
-        if log is None:
-            return super().free(block_id)
-        self._check_held(block_id)
-        self._note_block(log, block_id)
-        if self._ref[block_id] == 1:
-            log.add(lambda: self._free.pop(block_id))
-            self._freed_in_log.add(block_id)
-        return super().free(block_id)
-
     def _free_checked(self, block_ids: list[int]) -> None:
         log = self.undo_log
         if log is not None:
             for block_id, count in Counter(block_ids).items():
                 self._note_block(log, block_id)
                 if self._ref[block_id] == count:
-                    log.add(lambda block_id=block_id: self._free.pop(block_id))
+                    log.add(lambda block_id=block_id: self.free_queue.remove(block_id))
                     self._freed_in_log.add(block_id)
         super()._free_checked(block_ids)
 
@@ -156,7 +150,7 @@ class UndoablePool:
         (it holds a cached prefix, or a sequence freed it in this step)."""
         if not self.owns_kv:
             return
-        if not (self._is_cached(block_id) or block_id in self._freed_in_log):
+        if not (block_id in self._cached_ids() or block_id in self._freed_in_log):
             return
         saved = self._kv[:, block_id].clone()
         log.add(lambda: self._kv[:, block_id].copy_(saved))
@@ -212,15 +206,7 @@ class UndoablePrefixCachingBlockPool(UndoablePool, PrefixCachingBlockPool):
         if log is None:
             return super().touch(block_ids)
         ids = list(block_ids)
-        if any(type(b) is int and 0 <= b < self.num_blocks and b in self._free for b in ids) \
-                and not self._queue_saved:
-            order = list(self._free)
-            self._queue_saved = True
-
-            def undo() -> None:
-                self._free.clear()
-                self._free.update(dict.fromkeys(order))
-            log.add(undo)
+        self._save_queue(log)  # a revival leaves the queue; the order may count every hit
         for block_id in ids:
             if type(block_id) is int and 0 <= block_id < self.num_blocks:
                 self._note_block(log, block_id)

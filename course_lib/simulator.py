@@ -59,12 +59,12 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
+from course_lib.cache_config import CacheConfig
 from course_lib.hybrid_serving import HybridServingCore
 from course_lib.kv_math import DTYPE_BYTES, GIB, MODELS, HybridModel
 from course_lib.lazy_serving import LazyServingCore
 from course_lib.limits import MAX_POOL_BLOCKS
-from course_lib.paged import FREE_ORDERS, BlockPool, FreeOrder
-from course_lib.prefix_cache import PrefixCachingBlockPool
+from course_lib.paged import BlockPool, FreeOrder
 from course_lib.scheduler import Scheduler, SchedulerConfig
 from course_lib.serving import Sample, Schedule, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
@@ -198,11 +198,6 @@ class SimConfig:
             raise ValueError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
         if not isinstance(self.costs, CostModel):
             raise ValueError(f"costs must be a CostModel, got {self.costs!r}")
-        if not isinstance(self.prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
-        if self.free_order not in FREE_ORDERS:
-            raise ValueError(f"unknown free_order {self.free_order!r}; expected one of "
-                             f"{', '.join(FREE_ORDERS)}")
         if self.prefix_caching and self.allocator != "paged":
             raise ValueError(f"prefix caching needs the paged allocator, got "
                              f"allocator={self.allocator!r}")
@@ -216,6 +211,7 @@ class SimConfig:
             check_at_most("the pool's blocks (budget_bytes // (bytes_per_token x block_size))",
                           self.num_blocks, MAX_POOL_BLOCKS,
                           "lower budget_bytes or raise block_size")
+            self.cache_config()  # checks the cache's own options
         if self.allocator != "paged" and self.kv_tokens < 1:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds no token")
 
@@ -249,6 +245,12 @@ class SimConfig:
     def num_blocks(self) -> int:
         """Blocks in the paged pool, the null block included."""
         return self.budget_bytes // (self.bytes_per_token * self.block_size)
+
+    def cache_config(self) -> CacheConfig:
+        """The paged pool's cache: its blocks, block size, prefix caching and eviction
+        order (``make_pool`` builds it)."""
+        return CacheConfig(self.num_blocks, self.block_size, self.prefix_caching,
+                           self.free_order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -829,8 +831,7 @@ class _PagedRun(_Run):
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
         super().__init__(trace, config, record, progress)
-        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
-        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
+        pool = config.cache_config().make_pool()
         self.core = LazyServingCore(config.scheduler, pool)
         self.scheduler = self.core.scheduler
         self.memory = _PagedMemory(config, pool)
@@ -943,8 +944,7 @@ class _HybridRun(_Run):
                  progress: bool) -> None:
         super().__init__(trace, config, record, progress)
         assert config.model is not None
-        pool_type = PrefixCachingBlockPool if config.prefix_caching else BlockPool
-        pool = pool_type(config.num_blocks, config.block_size, free_order=config.free_order)
+        pool = config.cache_config().make_pool()
         windows = [group.window for group in config.model.kv_cache_groups()]
         self.core = HybridServingCore(config.scheduler, pool, windows, chunked_prefill=False)
         self.scheduler = self.core.scheduler

@@ -354,7 +354,7 @@ def test_refused_calls_change_nothing(model) -> None:
         engine.add_request(list(range(40)), GREEDY)
     with pytest.raises(ValueError, match="not running or waiting"):
         engine.abort(0)
-    with pytest.raises(ValueError, match="prefix_caching must be a bool"):
+    with pytest.raises(ValueError, match="prefix_caching must be True or False, got 1"):
         PagedEngine(model, num_blocks=8, prefix_caching=1)  # type: ignore[arg-type]
     assert engine.done and engine.add_request([1, 2], GREEDY) == 0
     with pytest.raises(ValueError, match="either to every GenerationRequest"):

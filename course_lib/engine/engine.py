@@ -35,6 +35,7 @@ import torch
 
 from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
+from course_lib.cache_config import CacheConfig, KVTensors
 from course_lib.engine.model import LlamaModel
 from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
 from course_lib.engine.requests import (
@@ -46,15 +47,10 @@ from course_lib.engine.requests import (
     prepare_requests,
 )
 from course_lib.engine.sampling import SamplingParams
-from course_lib.paged import BlockPool, FreeOrder
-from course_lib.prefix_cache import (
-    PrefixCachingBlockPool,
-)
-from course_lib.rollback import undoable
+from course_lib.paged import FreeOrder
+from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Chunk, Schedule, ServingCore
-from course_lib.tier import CpuTier, TieredBlockPool
-from course_lib.validate import check_int
 
 Prompt = GenerationRequest | str | Sequence[int]
 
@@ -147,24 +143,14 @@ class PagedEngine:
         if scheduler.preemption != "recompute":
             raise ValueError(f"preemption {scheduler.preemption!r} is not implemented by the "
                              "engine; use 'recompute' (swap is modelled in the simulator)")
-        if not isinstance(prefix_caching, bool):
-            raise ValueError(f"prefix_caching must be a bool, got {prefix_caching!r}")
+        cache = CacheConfig(num_blocks, block_size, prefix_caching, free_order,
+                            cpu_tier_bytes or None)  # a tier keeps evicted K/V on the CPU
         _check_decode_attention(model, decode_attention)
         config = model.config
         self.model, self.tokenizer = model, tokenizer
         self.scheduler_config, self.decode_attention = scheduler, decode_attention
-        kv = dict(num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                  num_layers=config.num_layers, dtype=model.dtype, device=model.device,
-                  free_order=free_order)
-        check_int("cpu_tier_bytes", cpu_tier_bytes, 0)
-        if cpu_tier_bytes and not prefix_caching:
-            raise ValueError(f"cpu_tier_bytes={cpu_tier_bytes} needs prefix_caching=True")
-        if cpu_tier_bytes:  # evicted cached blocks' K/V kept on the CPU (course_lib.tier)
-            pool = undoable(TieredBlockPool)(num_blocks, block_size,
-                                             tier=CpuTier(cpu_tier_bytes), **kv)
-        else:
-            pool = undoable(PrefixCachingBlockPool if prefix_caching else BlockPool)(
-                num_blocks, block_size, **kv)
+        pool = cache.make_pool(rollback=True, kv=KVTensors(
+            config.num_kv_heads, config.head_dim, config.num_layers, model.dtype, model.device))
         self.core = ServingCore(scheduler, pool, chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
         self.step_index = 0
