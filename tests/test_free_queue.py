@@ -22,11 +22,10 @@ from course_lib.free_queue import (
     free_queue_class,
 )
 from course_lib.prefix_cache import PrefixCachingBlockPool, PrefixCachingKVManager
-from course_lib.rollback import UndoLog, saved_manager, undoable
-from course_lib.scheduler import kv_manager
+from course_lib.rollback import undoable
 from course_lib.simulator import SimConfig, simulate
 from course_lib.workload import support_chat
-from tests.test_rollback import OPS, _run, _state
+from tests.test_rollback import OPS, assert_undo_is_exact
 
 
 def test_the_registry_holds_vllms_order_first_then_fifo() -> None:
@@ -148,13 +147,4 @@ def test_the_simulator_takes_a_registered_order_by_name(least_hit) -> None:
 def test_undo_is_exact_under_every_order(least_hit, order: str, setup, logged) -> None:
     pool = undoable(PrefixCachingBlockPool)(8, 2, num_kv_heads=1, head_dim=2,
                                             dtype=torch.float32, free_order=order)
-    manager = kv_manager(pool)
-    _run(manager, setup)
-    before = _state(pool, manager)
-    log = UndoLog()
-    log.add(saved_manager(manager))
-    pool.attach(log)
-    _run(manager, logged)
-    pool.attach(None)
-    log.undo()
-    assert _state(pool, manager) == before
+    assert_undo_is_exact(pool, setup, logged)

@@ -42,6 +42,12 @@ OPS = st.lists(st.tuples(st.sampled_from(["add", "append", "fork", "free"]),
 def test_undo_puts_back_pool_manager_and_kv(caching, setup, logged) -> None:
     pool = undoable(PrefixCachingBlockPool if caching else BlockPool)(
         8, BLOCK, num_kv_heads=1, head_dim=2, dtype=torch.float32)
+    assert_undo_is_exact(pool, setup, logged)
+
+
+def assert_undo_is_exact(pool: BlockPool, setup: list, logged: list) -> None:
+    """Run ``setup`` on an undoable ``pool``'s manager, then ``logged`` under a log, undo
+    it, and require the pool, the manager and the K/V read later to be as before."""
     manager = kv_manager(pool)
     _run(manager, setup)
     before = _state(pool, manager)
