@@ -14,7 +14,10 @@ def freeze(obj: object) -> object:
     if isinstance(obj, torch.Generator):
         return ("generator", obj.get_state().numpy().tobytes())
     if isinstance(obj, torch.Tensor):
-        return ("tensor", obj.dtype, tuple(obj.shape), obj.detach().cpu().numpy().tobytes())
+        data = obj.detach().cpu()
+        if data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # numpy has no FP8
+            data = data.view(torch.uint8)
+        return ("tensor", obj.dtype, tuple(obj.shape), data.numpy().tobytes())
     if isinstance(obj, dict):
         return ("dict", tuple((key, freeze(value)) for key, value in obj.items()))
     if isinstance(obj, list | tuple | deque):

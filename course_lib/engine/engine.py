@@ -36,6 +36,7 @@ import torch
 from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
 from course_lib.cache_config import CacheConfig, KVTensors
+from course_lib.engine.kv_quant import kv_quantization
 from course_lib.engine.model import LlamaModel
 from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
 from course_lib.engine.requests import (
@@ -51,6 +52,7 @@ from course_lib.paged import FreeOrder
 from course_lib.prefix_cache import PrefixCachingBlockPool
 from course_lib.scheduler import SchedulerConfig
 from course_lib.serving import Chunk, Schedule, ServingCore
+from course_lib.validate import check_int
 
 Prompt = GenerationRequest | str | Sequence[int]
 
@@ -128,13 +130,19 @@ class PagedEngine:
     ``decode_attention`` is ``"triton"`` (the course's kernel: on a GPU, or under the
     Triton interpreter on a CPU) or ``"torch"`` (the gather-based reference). Give a Hugging
     Face ``tokenizer`` to pass text prompts and get text back.
+
+    ``kv_cache_dtype="fp8"`` (or ``"fp8_e4m3"``, ``"fp8_e5m2"``; chapter 10) keeps K/V in
+    FP8 with one K and one V scale per layer: ``kv_scales`` ``[num_layers, 2]``
+    (``course_lib.engine.kv_quant.calibrate_kv_scales`` measures them), 1.0 each if not
+    given, as vLLM's default. A block then weighs half a 16-bit one.
     """
 
     def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int = 16,
                  scheduler: SchedulerConfig | None = None, tokenizer: Any | None = None,
                  decode_attention: DecodeAttention = "triton", prefix_caching: bool = False,
                  chunked_prefill: bool = True, free_order: FreeOrder = "vllm",
-                 cpu_tier_bytes: int = 0) -> None:
+                 cpu_tier_bytes: int = 0, kv_cache_dtype: str = "auto",
+                 kv_scales: torch.Tensor | Sequence[Sequence[float]] | None = None) -> None:
         scheduler = scheduler or SchedulerConfig()
         if not isinstance(model, LlamaModel):
             raise ValueError(f"model must be a LlamaModel, got {type(model).__name__}")
@@ -144,9 +152,16 @@ class PagedEngine:
             raise ValueError(f"preemption {scheduler.preemption!r} is not implemented by the "
                              "engine; use 'recompute' (swap is modelled in the simulator)")
         cache = CacheConfig(num_blocks, block_size, prefix_caching, free_order,
-                            cpu_tier_bytes or None)  # a tier keeps evicted K/V on the CPU
+                            cpu_tier_bytes or None,  # a tier keeps evicted K/V on the CPU
+                            kv_cache_dtype)
         _check_decode_attention(model, decode_attention)
         config = model.config
+        fmt = cache.kv_format
+        if fmt is None and kv_scales is not None:
+            raise ValueError(f"kv_scales are for an FP8 cache; kv_cache_dtype is "
+                             f"{kv_cache_dtype!r}")
+        self.kv_quant = None if fmt is None else kv_quantization(fmt, config.num_layers,
+                                                                kv_scales)
         self.model, self.tokenizer = model, tokenizer
         self.scheduler_config, self.decode_attention = scheduler, decode_attention
         pool = cache.make_pool(rollback=True, kv=KVTensors(
@@ -157,6 +172,18 @@ class PagedEngine:
         self._totals = dict.fromkeys(("steps", "generated_tokens", "prefill_tokens",
                                       "cached_tokens", "recomputed_tokens", "preemptions",
                                       "peak_batch"), 0)
+
+    @staticmethod
+    def blocks_in_budget(model: LlamaModel, budget_bytes: int, *, block_size: int = 16,
+                         kv_cache_dtype: str = "auto") -> int:
+        """How many blocks (the null block included) ``budget_bytes`` of K/V hold for
+        ``model``: an FP8 cache's are half as heavy as a 16-bit one's, so twice as many
+        (its per-layer scales cost nothing per token)."""
+        check_int("budget_bytes", budget_bytes, 1)
+        check_int("block_size", block_size, 1)
+        fmt = CacheConfig(2, block_size, kv_cache_dtype=kv_cache_dtype).kv_format
+        per_token = model.config.kv_bytes_per_token(model.dtype if fmt is None else fmt.dtype)
+        return budget_bytes // (per_token * block_size)
 
     @property
     def prefix_caching(self) -> bool:
@@ -273,7 +300,8 @@ class PagedEngine:
         slots = [slot for c, span in zip(chunks, spans, strict=True)
                  for slot in manager.slot_mapping(c.sample.seq_id, span)]
         attention = PagedBatch(self.pool, slots, block_table, [c.start for c in chunks],
-                               [c.count for c in chunks], self.decode_attention)
+                               [c.count for c in chunks], self.decode_attention,
+                               kv_quant=self.kv_quant)
         ids = [c.sample.tokens[p] for c, span in zip(chunks, spans, strict=True) for p in span]
         positions = [p for span in spans for p in span]
         return self.model.next_token_logits(ids, positions, attention,

@@ -107,6 +107,9 @@ class HybridEngine(PagedEngine):
     def __init__(self, model: LlamaModel, windows: Sequence[int | None], **options: Any
                  ) -> None:
         windows = check_windows(model, windows)
+        if any(w is not None for w in windows) and options.get("kv_cache_dtype", "auto") != "auto":
+            raise ValueError(f"kv_cache_dtype={options['kv_cache_dtype']!r} with sliding "
+                             f"windows is not supported: the FP8 decode kernel has no window")
         super().__init__(model, **options)
         self.group_windows = tuple(dict.fromkeys(windows))
         self.layer_group = [self.group_windows.index(w) for w in windows]
@@ -137,7 +140,8 @@ class HybridEngine(PagedEngine):
         padded = torch.tensor([list(t) + [NULL_BLOCK] * (width - len(t)) for t in tables],
                               dtype=torch.int32, device=self.model.device)
         return PagedBatch(self.pool, slots, padded, [c.start for c in chunks],
-                          [c.count for c in chunks], self.decode_attention, window=window)
+                          [c.count for c in chunks], self.decode_attention, window=window,
+                          kv_quant=self.kv_quant)
 
     def held_blocks(self) -> dict[int | None, int]:
         """Blocks each group's tables hold now, by window (None: full attention)."""

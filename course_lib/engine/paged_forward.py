@@ -22,6 +22,10 @@ its sequence's whole context, read back from the pool through its block table:
 A *slot* is ``block * block_size + offset`` (``PagedKVManager.slot_mapping``). The caller
 appends the tokens to their sequences first, which performs any copy-on-write, so no slot
 written here lies in a block another sequence can read.
+
+With an FP8 pool (chapter 10, ``kv_quant``) K/V are quantized with their layer's scales as
+they are written, dequantized by the torch paths after they are gathered, and by the FP8
+decode kernel inside it.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ import torch.nn.functional as F
 from course_lib.attention import (
     gather_paged_kv,
     paged_attention_decode,
+    paged_attention_decode_fp8,
     paged_attention_reference,
 )
+from course_lib.engine.kv_quant import KVQuantization
 from course_lib.paged import BlockPool
 
 DecodeAttention = Literal["triton", "torch"]
@@ -44,19 +50,28 @@ DECODE_ATTENTIONS: tuple[DecodeAttention, ...] = ("triton", "torch")
 
 
 class _SlotWriter:
-    """Writes a pass's K/V ``[T, kv_heads, head_dim]`` into the pool at ``slots`` ``[T]``."""
+    """Writes a pass's K/V ``[T, kv_heads, head_dim]`` into the pool at ``slots`` ``[T]``
+    (quantized with their layer's scales for an FP8 pool)."""
 
-    def __init__(self, pool: BlockPool, slots: Sequence[int]) -> None:
+    def __init__(self, pool: BlockPool, slots: Sequence[int],
+                 kv_quant: KVQuantization | None = None) -> None:
         size = pool.block_size
         where = torch.tensor([[slot // size for slot in slots], [slot % size for slot in slots]],
                              dtype=torch.long, device=pool.kv_cache(0).device)
-        self.pool = pool
+        self.pool, self.kv_quant = pool, kv_quant
         self.blocks, self.offsets = where[0], where[1]
 
     def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         kv = self.pool.kv_cache(layer)
-        kv[self.blocks, 0, self.offsets] = k.to(kv.dtype)
-        kv[self.blocks, 1, self.offsets] = v.to(kv.dtype)
+        for which, x in enumerate((k, v)):
+            kv[self.blocks, which, self.offsets] = (
+                x.to(kv.dtype) if self.kv_quant is None else self.kv_quant.store(layer, which, x))
+
+
+def _readable(kv_quant: KVQuantization | None, layer: int, which: int, x: torch.Tensor,
+              dtype: torch.dtype) -> torch.Tensor:
+    """K (0) or V (1) gathered from the pool, in ``dtype`` (dequantized if FP8)."""
+    return x.to(dtype) if kv_quant is None else kv_quant.load(layer, which, x, dtype)
 
 
 class PagedBatch:
@@ -70,7 +85,7 @@ class PagedBatch:
     def __init__(self, pool: BlockPool, slots: Sequence[int], block_table: torch.Tensor,
                  starts: Sequence[int], counts: Sequence[int],
                  decode_attention: DecodeAttention = "triton", *,
-                 window: int | None = None) -> None:
+                 window: int | None = None, kv_quant: KVQuantization | None = None) -> None:
         if decode_attention not in DECODE_ATTENTIONS:
             raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
                              f"{', '.join(DECODE_ATTENTIONS)}")
@@ -79,8 +94,12 @@ class PagedBatch:
                              f"{block_table.shape[0]} block-table rows")
         if min(counts, default=1) < 1 or sum(counts) != len(slots):
             raise ValueError(f"{len(slots)} slots for chunks of {list(counts)} tokens")
+        if kv_quant is not None and window is not None:
+            raise ValueError(f"an FP8 pool with a window ({window}) is not supported: the "
+                             f"FP8 decode kernel attends over whole sequences")
         self.pool, self.decode_attention, self.window = pool, decode_attention, window
-        self.write = _SlotWriter(pool, slots)
+        self.kv_quant = kv_quant
+        self.write = _SlotWriter(pool, slots, kv_quant)
         self.block_table = block_table
         self.starts, self.counts = list(starts), list(counts)
         offsets = [0]
@@ -96,7 +115,7 @@ class PagedBatch:
             [offsets[i] for i in self.decodes], dtype=torch.long, device=device)
         self.gather = self.decode_lens = None
         if self.decodes and decode_attention == "torch" and window is None:
-            self.gather = _DecodeGather(self.decode_tables, lengths, pool.block_size)
+            self.gather = _DecodeGather(self.decode_tables, lengths, pool.block_size, kv_quant)
         elif self.decodes:
             self.decode_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
 
@@ -119,7 +138,7 @@ class PagedBatch:
         if self.gather is not None:
             return self.gather(q, self.pool, layer)
         return _decode(q, self.pool, layer, self.decode_tables, self.decode_lens,
-                       self.decode_attention, self.window)
+                       self.decode_attention, self.window, self.kv_quant)
 
     def _chunk(self, layer: int, q: torch.Tensor, index: int) -> torch.Tensor:
         """Causal attention of one chunk's queries over its sequence's context in the pool."""
@@ -130,8 +149,9 @@ class PagedBatch:
             self.block_table[index : index + 1],
             torch.tensor([length], dtype=torch.int32, device=q.device))
         group = q.shape[1] // keys.shape[2]
-        keys = keys[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
-        values = values[0, :length].repeat_interleave(group, dim=1).transpose(0, 1).to(q.dtype)
+        keys, values = (_readable(self.kv_quant, layer, which, x[0, :length], q.dtype)
+                        .repeat_interleave(group, dim=1).transpose(0, 1)
+                        for which, x in enumerate((keys, values)))
         rows = torch.arange(start, length, device=q.device)[:, None]
         columns = torch.arange(length, device=q.device)[None, :]
         mask = columns <= rows
@@ -148,8 +168,10 @@ class _DecodeGather:
     attends over its rows. ``block_table`` rows are padded with the null block past each
     sequence's blocks, as ``PagedKVManager.batch_tables`` pads them."""
 
-    def __init__(self, block_table: torch.Tensor, lengths: list[int], block_size: int) -> None:
+    def __init__(self, block_table: torch.Tensor, lengths: list[int], block_size: int,
+                 kv_quant: KVQuantization | None = None) -> None:
         device = block_table.device
+        self.kv_quant = kv_quant
         self.width = max(lengths)
         blocks = -(-self.width // block_size)
         if blocks < block_table.shape[1]:
@@ -165,9 +187,10 @@ class _DecodeGather:
     def __call__(self, q: torch.Tensor, pool: BlockPool, layer: int) -> torch.Tensor:
         """Attention of one query token per sequence ``[batch, heads, head_dim]``."""
         keys, values = (
-            cache[self.flat].reshape(self.batch, self.span, *cache.shape[2:])[:, :self.width]
-            .repeat_interleave(q.shape[1] // cache.shape[2], dim=2).transpose(1, 2).to(q.dtype)
-            for cache in (pool.key_cache(layer), pool.value_cache(layer)))
+            _readable(self.kv_quant, layer, which, cache[self.flat].reshape(
+                self.batch, self.span, *cache.shape[2:])[:, :self.width], q.dtype)
+            .repeat_interleave(q.shape[1] // cache.shape[2], dim=2).transpose(1, 2)
+            for which, cache in enumerate((pool.key_cache(layer), pool.value_cache(layer))))
         out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=self.mask)
         return out[:, :, 0]
 
@@ -199,10 +222,14 @@ class PagedDecode:
 
 def _decode(q: torch.Tensor, pool: BlockPool, layer: int, block_table: torch.Tensor,
             seq_lens: torch.Tensor, decode_attention: DecodeAttention,
-            window: int | None = None) -> torch.Tensor:
+            window: int | None = None, kv_quant: KVQuantization | None = None) -> torch.Tensor:
     """Decode attention of one query token per sequence over the pool (over its last
-    ``window`` positions, with a window): the kernel, or the torch reference."""
+    ``window`` positions, with a window): the kernel, or the torch reference. An FP8 pool
+    (no window: ``PagedBatch`` refuses one) goes to the FP8 kernel, which dequantizes."""
     args = (q, pool.key_cache(layer), pool.value_cache(layer), block_table, seq_lens)
+    if kv_quant is not None:
+        k_scale, v_scale = kv_quant.scales[layer]
+        return paged_attention_decode_fp8(*args, k_scale, v_scale, check_values=False)
     windowed = {} if window is None else {"window": window}
     if decode_attention == "torch":
         return paged_attention_reference(*args, **windowed).to(q.dtype)
