@@ -68,7 +68,8 @@ def kv_quantization(fmt: FP8Format, num_layers: int,
 
 
 class _RangeRecorder:
-    """Attention for whole prompts (causal) that keeps each layer's K and V."""
+    """Attention for whole prompts (causal) that keeps each layer's K and V (one forward
+    pass calls a layer once)."""
 
     def __init__(self, lengths: list[int]) -> None:
         self.lengths = lengths
@@ -82,24 +83,32 @@ class _RangeRecorder:
         return packed_causal_attention(q, k, v, self.lengths)
 
 
-def calibrate_kv_scales(model: LlamaModel, prompts: Sequence[Sequence[int]],
-                        fmt: str | FP8Format = "e4m3") -> torch.Tensor:
-    """Per-layer K and V scales, float32 ``[num_layers, 2]``: each layer's largest |K| (and
-    |V|) over ``prompts``, run whole through ``model``, divided by the format's largest
-    value, so those maxima land on it and nothing saturates on prompts like these."""
+def record_kv(model: LlamaModel, prompts: Sequence[Sequence[int]]
+              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's K and V, float32 ``[tokens, num_kv_heads, head_dim]``, for ``prompts``
+    run whole through ``model`` (their tokens one after another): the values an FP8
+    cache would hold, to calibrate its scales or measure its error."""
     if not isinstance(model, LlamaModel):
         raise ValueError(f"model must be a LlamaModel, got {describe(model)}")
     rows = [check_list("prompt", p) for p in check_list("prompts", prompts)]
     if not rows or not all(rows):
-        raise ValueError("calibrate_kv_scales needs at least one prompt, none empty")
+        raise ValueError("record_kv needs at least one prompt, none empty")
     for token in (t for r in rows for t in r):
         check_int("token id", token, 0, model.config.vocab_size - 1)
     recorder = _RangeRecorder([len(r) for r in rows])
     model.next_token_logits([t for r in rows for t in r],
                             [p for r in rows for p in range(len(r))], recorder)
-    return torch.stack([torch.stack([calibrate_scale(torch.cat(kept[layer]), fmt)
-                                     for kept in (recorder.keys, recorder.values)])
-                        for layer in range(model.config.num_layers)])
+    return [(torch.cat(recorder.keys[layer]), torch.cat(recorder.values[layer]))
+            for layer in range(model.config.num_layers)]
+
+
+def calibrate_kv_scales(model: LlamaModel, prompts: Sequence[Sequence[int]],
+                        fmt: str | FP8Format = "e4m3") -> torch.Tensor:
+    """Per-layer K and V scales, float32 ``[num_layers, 2]``: each layer's largest |K| (and
+    |V|) over ``prompts`` (:func:`record_kv`) divided by the format's largest value, so
+    those maxima land on it and nothing saturates on prompts like these."""
+    return torch.stack([torch.stack([calibrate_scale(k, fmt), calibrate_scale(v, fmt)])
+                        for k, v in record_kv(model, prompts)])
 
 
 @dataclass(frozen=True)
