@@ -12,7 +12,7 @@ import course_lib.engine.requests as requests_module
 from course_lib.attention import KERNEL_MODE
 from course_lib.engine import PagedEngine, SamplingParams, random_model, tiny_config
 from course_lib.engine.hybrid import HybridEngine
-from course_lib.engine.kv_quant import calibrate_kv_scales, kv_cache_accuracy
+from course_lib.engine.kv_quant import calibrate_kv_scales, kv_cache_accuracy, record_kv
 from course_lib.scheduler import SchedulerConfig
 from tests.test_engine_online import Injected, engine_state, failing_on, prompts_with_system
 
@@ -152,3 +152,17 @@ def test_accuracy_is_measured_against_the_same_engine_in_full_precision(model, s
     fp8 = kv_cache_accuracy(model, prompts, max_tokens=5, kv_scales=scales, num_blocks=24,
                             block_size=4, decode_attention="torch")
     assert fp8.tokens == 20 and fp8.compared_steps >= 4 and 0 < fp8.max_logit_error < 0.1
+
+
+def test_calibrated_scales_put_each_layers_largest_value_on_448(model) -> None:
+    prompts = prompts_with_system(3, seed=7)
+    recorded = record_kv(model, prompts)
+    tokens = sum(map(len, prompts))
+    assert [tuple(k.shape) for k, _ in recorded] == [(tokens, 2, 16)] * 2
+    scales = calibrate_kv_scales(model, prompts)
+    for layer, (k, v) in enumerate(recorded):
+        assert torch.allclose(scales[layer] * 448, torch.stack([k.abs().max(), v.abs().max()]))
+    with pytest.raises(ValueError, match="token id must be an integer <= 127, got 128"):
+        record_kv(model, [[1, 128]])
+    with pytest.raises(ValueError, match="at least one prompt, none empty"):
+        calibrate_kv_scales(model, [[1], []])
