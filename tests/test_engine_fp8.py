@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import course_lib.engine.paged_forward as paged_forward
 import course_lib.engine.requests as requests_module
 from course_lib.attention import KERNEL_MODE
 from course_lib.engine import PagedEngine, SamplingParams, random_model, tiny_config
@@ -108,27 +107,15 @@ def test_a_failed_step_changes_nothing_and_the_run_continues(model, scales, monk
 
 def test_a_written_token_is_its_quantized_value(model, scales) -> None:
     engine = fp8_engine(model, scales, caching=False)
-    engine.generate([[5, 6, 7]], SamplingParams(max_tokens=1))
-    seen = []
-    original = paged_forward._SlotWriter.__call__
-
-    def keep(self, layer, k, v):
-        seen.append((layer, k.clone(), v.clone()))
-        return original(self, layer, k, v)
-
-    writer = paged_forward._SlotWriter
-    writer.__call__ = keep
-    try:
-        engine.add_request([9, 10, 11], SamplingParams(max_tokens=1))
-        engine.step()
-    finally:
-        writer.__call__ = original
-    table = engine.manager.block_table("r1.0") if engine.manager.holds("r1.0") else None
-    assert seen and table is None  # finished and freed; the codes stay in its block
-    layer, k, _ = seen[0]
-    codes = engine.pool.key_cache(layer)[1, :3].float()  # block 1 was reused first
-    assert torch.equal(codes, (k.float() / scales[layer, 0]).clamp(-448, 448)
-                       .to(torch.float8_e4m3fn).float())
+    prompt = [5, 6, 7, 8, 9, 10]
+    engine.add_request(prompt, SamplingParams(max_tokens=2))
+    engine.step()  # the prefill wrote every prompt token's K/V
+    (table,) = [engine.manager.block_table(s) for s in engine.manager.sequences]
+    slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(len(prompt))])
+    codes = engine.pool.key_cache(0).reshape(-1, 2, 16)[slots]
+    k, _ = record_kv(model, [prompt])[0]  # layer 0's K does not depend on the cache
+    expected = (k / scales[0, 0]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(codes.view(torch.uint8), expected.view(torch.uint8))
 
 
 def test_refusals_name_the_value(model, scales) -> None:
