@@ -2,7 +2,7 @@
 # The course on a CUDA GPU (issue 15): kernel and engine tests with fp16/bf16, both benchmarks
 # and chapters 06-07 executed, everything written to one folder.
 #
-#   bash tools/gpu_check.sh OUTDIR            # GPU machine: under 8 minutes on one H200
+#   bash tools/gpu_check.sh OUTDIR            # GPU machine: under 9 minutes on one H200
 #   bash tools/gpu_check.sh --smoke OUTDIR    # reduced run on a CPU (Triton interpreter), ~1 min
 #
 # How the lead runs it with the device tool (one H200, no internet, 15 min of device time).
@@ -22,7 +22,8 @@
 #
 # OUTDIR receives: env.txt (GPU, driver, torch/triton/CUDA versions); tests.xml + tests.log
 # (pytest tests/test_attention.py tests/test_engine.py); attention_bench/bench.csv, bench.png +
-# attention_bench.log; engine_bench.log; notebooks/06_*.ipynb, 07_*.ipynb (executed copies) +
+# attention_bench.log; fp8_decode_bench.csv + .log (FP8 vs fp16/bf16 paged decode, GPU only:
+# --smoke writes only the log, saying why); engine_bench.log; notebooks/06_*.ipynb, 07_*.ipynb (executed copies) +
 # notebooks.log; summary.txt, one line per part: "NAME: pass|fail|skip, SECONDS s, FIGURE".
 # Each part runs under its own time budget and a failing part does not stop the next; the
 # exit status is 1 if any part failed. PYTHON chooses the interpreter (default python3). When
@@ -61,7 +62,8 @@ if ((smoke)); then
     engine_args=(--smoke --threads 1)
     notebooks=(notebooks/06_triton_paged_attention.ipynb)
 else
-    budget=(env 20 tests 145 attention_bench 115 engine_bench 80 notebooks 105)  # 465 s
+    budget=(env 20 tests 145 attention_bench 115 fp8_decode_bench 60 engine_bench 80
+            notebooks 105)  # 525 s
     test_args=()
     if "$python" -c "import xdist" 2>/dev/null; then  # Triton compiles on 8 cores at once
         test_args=(-n 8)
@@ -143,6 +145,19 @@ elif name == "attention_bench":
     err = max(float(r["max_abs_err"]) for r in done)
     print(f"{len(done)}/{len(rows)} cases measured, median paging cost {cost:+.1%}, "
           f"best share of peak {share}, max abs err {err:.1e}")
+elif name == "fp8_decode_bench":
+    path = out / "fp8_decode_bench.csv"
+    rows = list(csv.DictReader(path.open())) if path.exists() else []
+    fp8 = [r for r in rows if r["kv_dtype"] == "float8_e4m3fn"]
+    if not fp8:
+        print("no FP8 rows")
+        sys.exit()
+    ups = sorted(float(r["speedup_vs_fp16"]) for r in fp8)
+    gbps = max(float(r["gbps"]) for r in fp8)
+    err = max(float(r["max_abs_err_vs_fp16"]) for r in fp8)
+    print(f"{len(fp8)} shapes, FP8/fp16 speed-up {ups[0]:.2f}x-{ups[-1]:.2f}x (median "
+          f"{statistics.median(ups):.2f}x), FP8 up to {gbps:.0f} GB/s of KV, max abs err "
+          f"vs fp16 {err:.1e}")
 elif name == "engine_bench":
     ratios = {}
     for line in log.splitlines():
@@ -244,6 +259,13 @@ part tests "$python" -m pytest tests/test_attention.py tests/test_engine.py -p n
     -q -rs --junitxml="$out/tests.xml" "${test_args[@]}"
 part attention_bench "$python" -m course_lib.attention.bench --out "$out/attention_bench" \
     "${attention_args[@]}"
+if ((smoke)); then  # no summary line: the smoke run's parts are the CPU-runnable ones
+    echo "skip: GPU only, the Triton interpreter's times say nothing of bandwidth" |
+        tee "$out/fp8_decode_bench.log"
+else
+    part fp8_decode_bench "$python" -m course_lib.attention.quantized_bench \
+        --out "$out/fp8_decode_bench.csv"
+fi
 part engine_bench "$python" -m course_lib.engine.bench "${engine_args[@]}"
 nb_path=$(notebook_path 2>"$out/wheels.log")
 nb_ready=$?

@@ -15,12 +15,23 @@ from course_lib.attention.backend import (
     kernel_device,
 )
 from course_lib.attention.canary import KernelCanaryError, run_canary
+from course_lib.attention.mla_reference import (
+    mla_absorbed_reference,
+    mla_attention_reference,
+    mla_paged_reference,
+    project_latent_output,
+)
 from course_lib.attention.paged_decode import (
     LaunchConfig,
     choose_num_splits,
     kernel_support_problem,
     launch_config,
     paged_attention_decode,
+)
+from course_lib.attention.quantized_decode import (
+    FP8_DTYPES,
+    mla_decode,
+    paged_attention_decode_fp8,
 )
 from course_lib.attention.reference import (
     gather_paged_kv,
@@ -30,6 +41,7 @@ from course_lib.attention.reference import (
 from course_lib.attention.validation import PagedShape, check_paged_inputs
 
 __all__ = [
+    "FP8_DTYPES",
     "KERNEL_MODE",
     "KernelCanaryError",
     "KernelMode",
@@ -43,8 +55,14 @@ __all__ = [
     "kernel_device",
     "kernel_support_problem",
     "launch_config",
+    "mla_absorbed_reference",
+    "mla_attention_reference",
+    "mla_decode",
+    "mla_paged_reference",
     "paged_attention_decode",
+    "paged_attention_decode_fp8",
     "paged_attention_reference",
+    "project_latent_output",
     "reference_attention",
     "run_canary",
 ]
