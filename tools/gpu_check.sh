@@ -2,13 +2,13 @@
 # The course on a CUDA GPU (issue 15): kernel and engine tests with fp16/bf16, both benchmarks
 # and chapters 06-07 executed, everything written to one folder.
 #
-#   bash tools/gpu_check.sh OUTDIR            # GPU machine: under 9 minutes on one H200
+#   bash tools/gpu_check.sh OUTDIR            # GPU machine: under 10 minutes on one H200
 #   bash tools/gpu_check.sh --smoke OUTDIR    # reduced run on a CPU (Triton interpreter), ~1 min
 #
 # How the lead runs it with the device tool (one H200, no internet, 15 min of device time).
 # Only 8 files come back from $OUT, so the folder travels back as one tarball:
 #   1. here:    bash tools/fetch_gpu_wheels.sh    (.whl/: nbclient, ipykernel and deps, ~10 MB)
-#   2. device:  run(carry=[".whl"], timeout_s=570, command=
+#   2. device:  run(carry=[".whl"], timeout_s=600, command=
 #                 "bash tools/gpu_check.sh /tmp/gpu; rc=$?; tar czf $OUT/gpu.tar.gz -C /tmp gpu;
 #                  cp /tmp/gpu/summary.txt $OUT/; exit $rc")
 #               The summary lines also print to stdout, so output_tail shows them even if the
@@ -21,10 +21,11 @@
 # downloads a model fails at once instead of waiting on the network.
 #
 # OUTDIR receives: env.txt (GPU, driver, torch/triton/CUDA versions); tests.xml + tests.log
-# (pytest tests/test_attention.py tests/test_engine.py); attention_bench/bench.csv, bench.png +
-# attention_bench.log; fp8_decode_bench.csv + .log (FP8 vs fp16/bf16 paged decode, GPU only:
-# --smoke writes only the log, saying why); engine_bench.log; notebooks/06_*.ipynb, 07_*.ipynb (executed copies) +
-# notebooks.log; summary.txt, one line per part: "NAME: pass|fail|skip, SECONDS s, FIGURE".
+# (pytest tests/test_attention.py tests/test_engine.py, and chapter 10's
+# tests/test_attention_fp8.py tests/test_attention_mla.py tests/test_engine_fp8.py);
+# attention_bench/bench.csv, bench.png + attention_bench.log; fp8_decode_bench.csv + .log
+# (FP8 vs fp16/bf16 paged decode, GPU only: --smoke writes only the log, saying why);
+# engine_bench.log; notebooks/06_*.ipynb, 07_*.ipynb (executed copies) + notebooks.log; summary.txt, one line per part: "NAME: pass|fail|skip, SECONDS s, FIGURE".
 # Each part runs under its own time budget and a failing part does not stop the next; the
 # exit status is 1 if any part failed. PYTHON chooses the interpreter (default python3). When
 # nbclient or ipykernel does not import, the wheels in .whl/ are installed to /tmp/site.
@@ -62,8 +63,8 @@ if ((smoke)); then
     engine_args=(--smoke --threads 1)
     notebooks=(notebooks/06_triton_paged_attention.ipynb)
 else
-    budget=(env 20 tests 145 attention_bench 115 fp8_decode_bench 60 engine_bench 80
-            notebooks 105)  # 525 s
+    budget=(env 20 tests 190 attention_bench 115 fp8_decode_bench 60 engine_bench 80
+            notebooks 105)  # 570 s
     test_args=()
     if "$python" -c "import xdist" 2>/dev/null; then  # Triton compiles on 8 cores at once
         test_args=(-n 8)
@@ -255,7 +256,8 @@ EOF
 export -f environment execute_notebooks
 export python out
 part env environment
-part tests "$python" -m pytest tests/test_attention.py tests/test_engine.py -p no:cacheprovider \
+part tests "$python" -m pytest tests/test_attention.py tests/test_engine.py \
+    tests/test_attention_fp8.py tests/test_attention_mla.py tests/test_engine_fp8.py -p no:cacheprovider \
     -q -rs --junitxml="$out/tests.xml" "${test_args[@]}"
 part attention_bench "$python" -m course_lib.attention.bench --out "$out/attention_bench" \
     "${attention_args[@]}"
