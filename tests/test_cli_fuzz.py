@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from course_lib.__main__ import main
 from course_lib.kv_math import HYBRID_MODELS
+from course_lib.mla import MLA_MODELS
 from course_lib.router import ROUTERS
 from course_lib.workload import Request, save_trace
 
@@ -56,7 +57,8 @@ values = st.one_of(
 
 MODEL_FLAGS = ("--layers", "--kv-heads", "--head-dim", "--dtype")
 FLAGS: dict[str, tuple[str, ...]] = {
-    "kv-size": (*MODEL_FLAGS, "--budget-gib", "--block-size", "--max-len", "--hybrid"),
+    "kv-size": (*MODEL_FLAGS, "--budget-gib", "--block-size", "--max-len", "--hybrid",
+                "--kv-dtype", "--kv-scales", "--mla"),
     "cow-demo": ("--prompt-tokens", "--samples", "--new-tokens", "--block-size"),
     "prefix-demo": ("--prompt-tokens", "--requests", "--block-size"),
     "simulate": (*MODEL_FLAGS, "--seed", "--priority-levels", "--allocator", "--block-size",
@@ -94,6 +96,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "--cost-model": ("source", "roofline"), "--dtype": ("fp16", "fp8", "fp32"),
     "--router": tuple(ROUTERS),
     "--hybrid": tuple(HYBRID_MODELS),
+    "--kv-dtype": ("fp16", "fp8", "fp8_e5m2"), "--kv-scales": ("tensor", "head", "token-head"),
+    "--mla": tuple(MLA_MODELS),
 }
 """Valid choices, drawn often so that the flags behind them are reached too."""
 
