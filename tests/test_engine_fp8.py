@@ -13,7 +13,7 @@ from course_lib.engine import PagedEngine, SamplingParams, random_model, tiny_co
 from course_lib.engine.hybrid import HybridEngine
 from course_lib.engine.kv_quant import calibrate_kv_scales, kv_cache_accuracy, record_kv
 from course_lib.scheduler import SchedulerConfig
-from tests.test_engine_online import Injected, engine_state, failing_on, prompts_with_system
+from tests.test_engine_online import assert_failed_steps_change_nothing, prompts_with_system
 
 PARAMS = SamplingParams(max_tokens=6, n=2, temperature=0.9, seed=3)
 
@@ -91,14 +91,7 @@ def test_a_failed_step_changes_nothing_and_the_run_continues(model, scales, monk
         engine.step()
     target = {"model": (type(model.layers[1].mlp), "forward"),
               "sampler": (requests_module, "sample_token")}[where]
-    original = getattr(*target)
-    for call in (0, 1):
-        before = engine_state(engine)
-        monkeypatch.setattr(*target, failing_on(call, original))
-        with pytest.raises(Injected):
-            engine.step()
-        monkeypatch.setattr(*target, original)
-        assert engine_state(engine) == before
+    assert_failed_steps_change_nothing(engine, monkeypatch, target)
     while engine.has_unfinished:
         engine.step()
     assert [o.token_ids for o in engine.outputs()] == expected

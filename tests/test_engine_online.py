@@ -294,6 +294,20 @@ def failing_on(call: int, function):
     return wrapper
 
 
+def assert_failed_steps_change_nothing(engine: PagedEngine, monkeypatch,
+                                       target: tuple[object, str]) -> None:
+    """Make ``target`` (an owner and an attribute name) raise on its first call of a step,
+    then on its second, and require each failed step to leave the engine as it was."""
+    original = getattr(*target)
+    for call in (0, 1):
+        before = engine_state(engine)
+        monkeypatch.setattr(*target, failing_on(call, original))
+        with pytest.raises(Injected):
+            engine.step()
+        monkeypatch.setattr(*target, original)
+        assert engine_state(engine) == before
+
+
 @pytest.mark.parametrize("where", ["kernel", "model", "sampler"])
 @pytest.mark.parametrize("caching", [False, True])
 def test_a_failed_step_changes_nothing_and_the_run_continues(model, monkeypatch, where,
@@ -313,14 +327,7 @@ def test_a_failed_step_changes_nothing_and_the_run_continues(model, monkeypatch,
     target = {"kernel": (paged_forward, "paged_attention_decode"),
               "model": (type(model.layers[1].mlp), "forward"),
               "sampler": (requests_module, "sample_token")}[where]
-    original = getattr(*target)
-    for call in (0, 1):
-        before = engine_state(engine)
-        monkeypatch.setattr(*target, failing_on(call, original))
-        with pytest.raises(Injected):
-            engine.step()
-        monkeypatch.setattr(*target, original)
-        assert engine_state(engine) == before
+    assert_failed_steps_change_nothing(engine, monkeypatch, target)
     while engine.has_unfinished:
         engine.step()
     assert [o.token_ids for o in engine.outputs()] == expected
