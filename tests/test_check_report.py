@@ -162,6 +162,14 @@ def test_recognising_names_the_mistake_a_wrong_value_comes_from() -> None:
     assert judged(same, lambda: 10) is None
 
 
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("ABCD")), max_size=6),
+       st.integers(0, 3), st.randoms())
+def test_the_hint_is_chosen_by_the_mistake_not_by_the_order_of_the_slips(
+        slips: list[tuple[int, str]], got: int, rng: random.Random) -> None:
+    shuffled = rng.sample(slips, len(slips))
+    assert recognising(slips)(got, 9).hint == recognising(shuffled)(got, 9).hint
+
+
 def test_hints_match_labels_with_an_index_a_field_or_a_count() -> None:
     case = Case("c", lambda fn: fn(), 0, "default", hints={"num_free": "count", "a": "A"})
     for differs in ("num_free: x", "num_free #2: x", "num_free[1]: x", "a.b: x"):

@@ -13,8 +13,7 @@ import pytest
 from course_lib.grading import GRADED_CHAPTERS, chapter_exercises, find_exercise
 from course_lib.grading.check import Case, Exercise, Raises, observe, run_case
 from course_lib.grading.grade import judge_cases
-from tests.mutants import Mutant
-from tests.test_mutant_hints import MUTANTS
+from tests.mutants import Mutant, tables
 
 pytestmark = pytest.mark.filterwarnings(  # a wrong kernel's NaN makes the interpreter warn
     "ignore::RuntimeWarning:triton.runtime.interpreter")
@@ -23,6 +22,7 @@ SEEDS = (0, 7, 12345)
 """Seeds of the fresh cases: a mutant a fixed case catches must fail a fresh case at each."""
 
 EXERCISES = [exercise for chapter in GRADED_CHAPTERS for exercise in chapter_exercises(chapter)]
+MUTANTS = [mutant for table in tables().values() for mutant in table.MUTANTS]
 
 
 @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,13 @@ def test_every_chapter_notebook_has_registered_exercises(folder: str) -> None:
         names = {e.name for e in chapter_exercises(path.name[:2])}
         sources = "".join(c.source for c in nbformat.read(path, as_version=4).cells)
         assert all(f'check("{name}"' in sources for name in names), path.name
+
+
+def test_a_chapter_registers_its_exercises_in_the_order_its_solution_checks_them() -> None:
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        sources = "".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        checked = list(dict.fromkeys(re.findall(r'check\("(\d\d\.\w+)"', sources)))
+        assert checked == [e.name for e in chapter_exercises(path.name[:2])], path.name
 
 
 def test_the_documented_command_grades_from_another_folder(tmp_path: Path) -> None:

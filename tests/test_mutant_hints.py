@@ -1,19 +1,16 @@
 """Every kept mutant fails and its report's first failing case shows the hint of its own
-mistake; every right answer of another design passes, fresh cases included."""
+mistake; every right answer passes, fresh cases included; a stub is not yet solved."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections import Counter
-from types import ModuleType
+from typing import Any
 
 import pytest
 
 from course_lib.grading import GRADED_CHAPTERS, chapter_exercises, find_exercise
-from course_lib.grading.check import evaluate, exercise_cases, first_failure
-from tests import mutants
-from tests.mutants import Mutant, Right
+from course_lib.grading.check import Exercise, evaluate, exercise_cases, first_failure
+from tests.mutants import Mutant, Right, tables
 
 pytestmark = pytest.mark.filterwarnings(  # a wrong kernel's NaN makes the interpreter warn
     "ignore::RuntimeWarning:triton.runtime.interpreter")
@@ -22,14 +19,7 @@ SEEDS = (0, 7)
 """Seeds of the fresh cases: the right answers must pass them all, mutants fail with any."""
 
 
-def _tables() -> dict[str, ModuleType]:
-    """Chapter ("01") -> its module of mutants and right answers."""
-    names = sorted(info.name for info in pkgutil.iter_modules(mutants.__path__)
-                   if info.name.startswith("ch"))
-    return {name[2:]: importlib.import_module(f"tests.mutants.{name}") for name in names}
-
-
-TABLES = _tables()
+TABLES = tables()
 MUTANTS: list[Mutant] = [m for table in TABLES.values() for m in table.MUTANTS]
 RIGHT: list[Right] = [r for table in TABLES.values() for r in table.RIGHT]
 
@@ -71,3 +61,13 @@ def test_every_exercise_has_fresh_cases_drawn_from_the_seed(chapter: str) -> Non
         assert calls[1] and calls[1] == [case.call for case in exercise.fresh(1)]
         assert calls[1] != calls[2], exercise.name
         assert len(exercise_cases(exercise, 1)) == len(exercise.cases()) + len(calls[1])
+
+
+@pytest.mark.parametrize("exercise", [e for chapter in GRADED_CHAPTERS
+                                      for e in chapter_exercises(chapter)], ids=lambda e: e.name)
+def test_a_stub_is_not_yet_solved(exercise: Exercise) -> None:
+    """A stub that raises ``NotImplementedError`` when called (or built, for a class)."""
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("your code here")
+
+    assert evaluate(exercise, stub).status == "not-solved"

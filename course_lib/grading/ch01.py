@@ -1,9 +1,10 @@
 """Chapter 01 exercises: KV-cache arithmetic. Expected values come from ``kv_math``.
 
-The lecture states the bytes-per-token formula for a model shape; exercise 1 asks for the
-next step a deployment needs, the same number read from a Hugging Face ``config.json``
-(where the KV heads and the head size are often implicit). Exercise 5 runs the capacity
-sum backwards, from a required concurrency to the longest request that allows it.
+The lecture states the bytes-per-token formula for a model shape; ``01.bytes_per_token``
+asks for the next step a deployment needs, the same number read from a Hugging Face
+``config.json`` (where the KV heads and the head size are often implicit).
+``01.longest_max_len`` runs the capacity sum backwards, from a required concurrency to the
+longest request that allows it.
 
 Every case recognises the numbers the usual slips give on its inputs (reading the query
 heads as KV heads, forgetting the value vector, rounding blocks down, ...), so a wrong
@@ -36,7 +37,7 @@ from course_lib.kv_math import (
 )
 from course_lib.validate import check_int
 
-# --- exercise 1: bytes per token from a config.json ----------------------------------------
+# --- 01.bytes_per_token: bytes per token from a config.json --------------------------------
 
 TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 """A config's ``torch_dtype`` as the cache dtype name ``cache_dtype="auto"`` stands for."""
@@ -162,7 +163,7 @@ def _bytes_per_token_fresh(seed: int) -> list[Case]:
                                      rng.choice(["int3", "int4", "fp12", "fp64", "e5m2"]))
 
 
-# --- exercise 2: blocks for a sequence -----------------------------------------------------
+# --- 01.blocks_needed: blocks for a sequence -----------------------------------------------
 
 
 def _blocks_case(tokens: int, block_size: int) -> Case:
@@ -210,7 +211,7 @@ def _blocks_needed_fresh(seed: int) -> list[Case]:
                                rng.choice([8, 16, 32, 128]))]
 
 
-# --- exercise 3: requests that fit at a maximum length ----------------------------------------
+# --- 01.max_requests: requests that fit at a maximum length -----------------------------------
 
 
 def _max_requests_case(budget: int, per_token: int, max_len: int, block_size: int) -> Case:
@@ -274,7 +275,7 @@ def _max_requests_fresh(seed: int) -> list[Case]:
                                       -rng.randint(0, 8192), -rng.randint(0, 64)))]
 
 
-# --- exercise 4: predict vLLM's log lines -----------------------------------------------------
+# --- 01.predict_vllm_log: predict vLLM's log lines --------------------------------------------
 
 
 LOG_LABELS = ("GPU KV cache size (tokens)", "Maximum concurrency")
@@ -363,7 +364,7 @@ def _predict_log_fresh(seed: int) -> list[Case]:
     return [_predict_case(*s) for s in [*settings, setting]]
 
 
-# --- exercise 5: the longest request at a required concurrency ---------------------------------
+# --- 01.longest_max_len: the longest request at a required concurrency -------------------------
 
 
 def longest_max_len(budget_bytes: int, per_token: int, block_size: int, requests: int) -> int:

@@ -138,7 +138,7 @@ def _gaps_of(rng: random.Random, lengths: Sequence[int]) -> tuple[int, list[Gap]
     return cursor + rng.randint(0, 12), gaps
 
 
-# --- exercise 1: slot states --------------------------------------------------------------
+# --- 02.slot_states: slot states ----------------------------------------------------------
 
 SLOT_LABELS = ("written", "still to write", "never written")
 
@@ -220,7 +220,7 @@ def _slot_states_fresh(seed: int) -> list[Case]:
     return cases
 
 
-# --- exercise 2: first fit ----------------------------------------------------------------
+# --- 02.first_fit: first fit --------------------------------------------------------------
 
 
 FIGURE_GAPS: list[Gap] = [(30, 4), (54, 4), (83, 5), (98, 2)]
@@ -281,7 +281,7 @@ def _first_fit_fresh(seed: int) -> list[Case]:
     return [*cases, _refused_case("size", layouts[3][1], -rng.randint(0, 20))]
 
 
-# --- exercise 3: no gap fits --------------------------------------------------------------
+# --- 02.no_gap_fits: no gap fits ----------------------------------------------------------
 
 
 def _no_gap_mistakes(gaps: Sequence[Gap], need: int) -> list[tuple[Any, str]]:
@@ -336,7 +336,7 @@ def _no_gap_fits_fresh(seed: int) -> list[Case]:
     return [*cases, _refused_case("need", layouts[3][1], -rng.randint(0, 20))]
 
 
-# --- exercise 4: a reserve-max arena ------------------------------------------------------
+# --- 02.reserve_max_arena: a reserve-max arena --------------------------------------------
 
 
 class _LibraryReserveMax:
@@ -534,7 +534,7 @@ def _reserve_max_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 5: an exact-size first-fit arena --------------------------------------------
+# --- 02.first_fit_arena: an exact-size first-fit arena ------------------------------------
 
 
 Step = tuple[str, int, int]
@@ -743,7 +743,7 @@ def _first_fit_arena_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 6: grow in place, or move -----------------------------------------------------
+# --- 02.growing_arena: grow in place, or move -----------------------------------------------
 
 
 class GrowingReference:

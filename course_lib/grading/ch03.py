@@ -28,7 +28,7 @@ from course_lib.grading.check import (
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.simulator import CostModel
 
-# --- exercise 1: blocks and the last block's fill --------------------------------------------
+# --- 03.last_block: blocks and the last block's fill -----------------------------------------
 
 
 def _last_block(tokens: int, block_size: int) -> tuple[int, int]:
@@ -79,7 +79,7 @@ def _last_block_fresh(seed: int) -> list[Case]:
                                    -rng.randint(1, 5000), rng.choice([8, 16, 32, 128]))]
 
 
-# --- exercise 2: the utilisation of a batch ------------------------------------------------------
+# --- 03.u_paged: the utilisation of a batch ------------------------------------------------------
 
 
 def batch_utilization(lengths: Sequence[int], block_size: int) -> float:
@@ -145,7 +145,7 @@ def _utilization_fresh(seed: int) -> list[Case]:
                                     (negative, sizes[2]), (batches[2], -rng.randint(0, 16))])]
 
 
-# --- exercise 3: a pool that hands out the lowest free block ------------------------------------
+# --- 03.block_pool: a pool that hands out the lowest free block ---------------------------------
 
 
 def _free_count(pool: Any) -> Any:
@@ -303,7 +303,7 @@ def _block_pool_fresh(seed: int) -> list[Case]:
                         rng.randint(size, size + 50), -rng.randint(1, 50))]
 
 
-# --- exercise 4: block tables and slot mappings -----------------------------------------------
+# --- 03.block_tables: block tables and slot mappings ------------------------------------------
 
 
 Op = tuple[str, str, int]
@@ -562,7 +562,7 @@ def _block_table_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 5: cost per million tokens when steps slow down ------------------------------------
+# --- 03.cost_per_million: cost per million tokens when steps slow down ---------------------------
 
 
 Step = tuple[int, int, int]
@@ -664,7 +664,7 @@ def _cost_fresh(seed: int) -> list[Case]:
                                     [([], "no steps"), (prefill, "a prefill-only run")])
 
 
-# --- exercise 6: a batch of block tables for the kernel -------------------------------------------
+# --- 03.pack_tables: a batch of block tables for the kernel ---------------------------------------
 
 
 def _library_batch(num_blocks: int, ops: Sequence[Op]) -> tuple[Any, Any, list[Any]]:

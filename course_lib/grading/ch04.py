@@ -1106,7 +1106,8 @@ PROMPT_HINT = ("count what one chat holds, then which of those blocks a later ch
                "from the cache instead of holding its own")
 ONE_CHAT_HINT = "one chat shares with nobody: it holds all its blocks"
 SHORT_SYSTEM_HINT = "a prompt shorter than a block has no full block to share"
-ONE_BLOCK_HINT = "one full block that holds the last prompt token: the rule of exercise 4"
+ONE_BLOCK_HINT = ("one full block that holds the last prompt token: the rule of "
+                  "longest_cached_prefix")
 
 
 def _system_prompt_cases() -> list[Case]:
@@ -1117,7 +1118,7 @@ def _system_prompt_cases() -> list[Case]:
         (10, 5, 16, SHORT_SYSTEM_HINT),
         (1024, 50, 16,
          "1,024 tokens fill 64 blocks exactly, but a later chat must compute its last prompt "
-         "token (the rule of exercise 4)"),
+         "token (the rule of longest_cached_prefix)"),
         (16, 3, 16, ONE_BLOCK_HINT),
         (33, 4, 16, PROMPT_HINT),
     ]
@@ -1134,7 +1135,7 @@ def _system_prompt_fresh(seed: int) -> list[Case]:
         (_partly_filled(rng, sizes[0], (1, 60)), chats[0], sizes[0], PROMPT_HINT),
         (rng.randint(2, 60) * sizes[1], chats[1], sizes[1],
          "the prompt fills its blocks exactly, but a later chat must compute its last prompt "
-         "token (the rule of exercise 4)"),
+         "token (the rule of longest_cached_prefix)"),
         (rng.randint(1, sizes[2] - 1), chats[2], sizes[2], SHORT_SYSTEM_HINT),
         (sizes[3], chats[3], sizes[3], ONE_BLOCK_HINT),
         (rng.randint(1, 4000), 1, sizes[4], ONE_CHAT_HINT),

@@ -89,7 +89,7 @@ def _show(request: Request) -> str:
     return f"Request({request.id}, arrival={request.arrival}, priority={request.priority})"
 
 
-# --- exercise 1: admit from the waiting queue ---------------------------------------------------
+# --- 05.admit_from_queue: admit from the waiting queue ------------------------------------------
 
 
 def admitted_count(waiting: Sequence[int], free_blocks: int, block_size: int,
@@ -226,7 +226,7 @@ def _admit_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 2: vLLM's priority victim ---------------------------------------------------------
+# --- 05.choose_victim: vLLM's priority victim ---------------------------------------------------
 
 
 def priority_victim(running: Sequence[Request]) -> int:
@@ -307,7 +307,7 @@ def _victim_fresh(seed: int) -> list[Case]:
             _case("fn(running=[])", lambda fn: fn([]), Raises(ValueError), VICTIM_EMPTY)]
 
 
-# --- exercise 3: how many tokens does a resumed request recompute? ------------------------------
+# --- 05.recompute_tokens: how many tokens does a resumed request recompute? ---------------------
 
 
 def recomputed(prompt_len: int, generated: int, cached_blocks: int, block_size: int) -> int:
@@ -380,7 +380,7 @@ def _recompute_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 4: swap space --------------------------------------------------------------------
+# --- 05.swap_space: swap space -----------------------------------------------------------------
 
 
 def _used(space: Any) -> Any:
@@ -496,7 +496,7 @@ def _swap_fresh(seed: int) -> list[Case]:
     return [_swap_case(*script) for script in scripts]
 
 
-# --- exercise 5: the cost of coming back, with the prefix cache ---------------------------------
+# --- 05.resume_seconds: the cost of coming back, with the prefix cache --------------------------
 
 
 def resume_seconds(length: int, cached_blocks: int, block_size: int, bytes_per_token: int,
@@ -516,8 +516,8 @@ def _costs_text(costs: CostModel) -> str:
             f"pcie_bandwidth={costs.pcie_bandwidth:g})")
 
 
-RESUME_RECOMPUTE = ("recompute pays for the tokens exercise 3 counts: all the request's tokens "
-                    "but the cached full blocks, and never fewer than one")
+RESUME_RECOMPUTE = ("recompute pays for the tokens recompute_tokens counts: all the request's "
+                    "tokens but the cached full blocks, and never fewer than one")
 RESUME_SWAP = ("swap does not look at the cache: every block of the request goes out AND comes "
                "back in, and a block moves whole however full it is")
 
@@ -586,7 +586,7 @@ def _resume_fresh(seed: int) -> list[Case]:
             case(rng.randint(2, 255), rng.randint(1, 5), 256)]
 
 
-# --- exercise 6: plan one step's preemptions (from a specification) -----------------------------
+# --- 05.plan_preemptions: plan one step's preemptions (from a specification) --------------------
 
 
 def plan_preemptions(running: Sequence[tuple[Request, int]], free_blocks: int, block_size: int,
@@ -620,7 +620,7 @@ def _show_running(running: Sequence[tuple[Request, int]]) -> str:
 PLAN_NEED = ("a request needs a new block only when its blocks are all full (length % "
              "block_size == 0); one with room in its last block needs none")
 PLAN_FCFS = "under fcfs the NEWEST admission (the last in the list) goes first"
-PLAN_PRIORITY = "under priority the victim is exercise 2's, among the requests still running"
+PLAN_PRIORITY = "under priority the victim is choose_victim's, among the requests still running"
 PLAN_VICTIM = ("a victim gives back EVERY block it holds (its partly filled last one too) and "
                "no longer needs a new one; stop as soon as everyone left can write")
 

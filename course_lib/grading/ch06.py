@@ -414,7 +414,7 @@ def _poison_unused(k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Te
     v_cache[~used] = float("nan")
 
 
-# --- exercise 1: where token t lives ----------------------------------------------------------
+# --- 06.token_offset: where token t lives -----------------------------------------------------
 
 
 def _offset_in(cache: torch.Tensor, block: int, slot: int, head: int) -> int:
@@ -510,7 +510,7 @@ def _token_offset_fresh(seed: int) -> list[Case]:
     return cases
 
 
-# --- exercise 2: the paged decode kernel, from its specification -----------------------------
+# --- 06.paged_decode: the paged decode kernel, from its specification ------------------------
 
 
 @dataclass(frozen=True)
@@ -728,7 +728,7 @@ def _decode_fresh(seed: int) -> list[Case]:
             _wide_decode_case(_drawn_wide_inputs(rng))]
 
 
-# --- exercise 3: merging the splits, in torch -----------------------------------------------
+# --- 06.merge_splits: merging the splits, in torch ------------------------------------------
 
 
 def _split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sizes: Sequence[int],
@@ -858,7 +858,7 @@ def _merge_fresh(seed: int) -> list[Case]:
     return cases
 
 
-# --- exercise 4: split-KV, from its specification -----------------------------------------------
+# --- 06.split_decode: split-KV, from its specification ------------------------------------------
 
 
 def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
@@ -897,7 +897,7 @@ SPLIT_RANGE = ("split s reads tokens [s x share, min((s + 1) x share, seq_len)),
                "start mid-block")
 SPLIT_LSE = ("lse = m + log(l) in NATURAL log, with the running max m added back (convert from "
              "base 2 if you used exp2)")
-SPLIT_OUT = "out = merge_splits(part_out, part_lse), exercise 3's merge over the splits"
+SPLIT_OUT = "out = merge_splits(part_out, part_lse), your merge over the splits"
 SPLIT_HINTS = {"part_out": SPLIT_RANGE, "part_lse": SPLIT_LSE, "out": SPLIT_OUT}
 """The hint for the part that differs first (parts first, the merged out last)."""
 
@@ -921,7 +921,7 @@ def _split_wants(inputs: DecodeInputs, splits: int) -> list[Want]:
     return [Want("part_out", part_out, ("b", "h", "s"), "float32"),
             Want("part_lse", part_lse, ("b", "h"), "float32"),
             Want("out", paged_attention_reference(*inputs.on(torch.device("cpu"))),
-                 ("b", "h"))]  # exercise 3's merge, which may return nested lists
+                 ("b", "h"))]  # merge_splits's answer, which may return nested lists
 
 
 def _split_case(label: str, inputs: DecodeInputs, splits: int, targeted: str = "") -> Case:

@@ -2,12 +2,13 @@
 
 Expected values come from the library: ``HybridModel`` (bytes at a length),
 ``first_needed_block`` (what a window group hands back), ``hit_blocks`` (the prefix-hit rule)
-and the fp32 reference with a window (``paged_attention_reference``). Exercises 2 to 4 are
-built from a specification alone. Every ``run`` calls only the learner's function on inputs
-it carries; the expected values live in each case's ``expected`` (or, for tensors, in the
-``Satisfies`` the grader keeps), never in what travels to the learner's kernel. A wrong
-value that a known slip gives is named by that slip's hint (``recognising``; for the kernel,
-``WindowMatch``), computed on the grader's side too.
+and the fp32 reference with a window (``paged_attention_reference``). ``08.window_free``,
+``08.prefix_hit`` and ``08.windowed_decode`` are built from a specification alone. Every
+``run`` calls only the learner's function on inputs it carries; the expected values live
+in each case's ``expected`` (or, for tensors, in the ``Satisfies`` the grader keeps), never
+in what travels to the learner's kernel. A wrong value that a known slip gives is named by
+that slip's hint (``recognising``; for the kernel, ``WindowMatch``), computed on the grader's
+side too.
 
 ``fresh(seed)`` draws from ``random.Random(seed)`` a case of every kind the fixed ones hold
 (each boundary, each slip's telling input, each input that must raise), so an answer that
@@ -48,7 +49,7 @@ from course_lib.grading.check import (
 from course_lib.hybrid import first_needed_block, hit_blocks
 from course_lib.kv_math import HYBRID_MODELS, HybridModel, bytes_per_token
 
-# --- exercise 1: bytes per token at a length ---------------------------------------------------
+# --- 08.bytes_at_length: bytes per token at a length -------------------------------------------
 
 DTYPE_NAMES = {1: "fp8", 2: "fp16", 4: "fp32"}
 
@@ -176,7 +177,7 @@ def _bytes_fresh(seed: int) -> list[Case]:
     return cases
 
 
-# --- exercise 2: what a window group hands back before a step -------------------------------------
+# --- 08.window_free: what a window group hands back before a step ---------------------------------
 
 
 def freed_by_window(table: Sequence[int], ref_counts: dict[int, int], num_computed: int,
@@ -392,7 +393,7 @@ def _free_fresh(seed: int) -> list[Case]:
                          BAD_COMPUTED)]
 
 
-# --- exercise 3: the prefix hit across groups --------------------------------------------------
+# --- 08.prefix_hit: the prefix hit across groups -----------------------------------------------
 
 _HIT_HINT = ("a full group needs blocks 0..k-1 cached; a window group only those holding the "
              "W - 1 positions before k x block_size (the first recomputed token reads them "
@@ -539,7 +540,7 @@ def _hit_fresh(seed: int) -> list[Case]:
     ]
 
 
-# --- exercise 4: the decode kernel with a window ------------------------------------------------
+# --- 08.windowed_decode: the decode kernel with a window ----------------------------------------
 
 _WINDOW_HINT = ("the query is the token at position seq_len - 1 and reads positions "
                 "max(0, seq_len - window) .. seq_len - 1: start the loop there, mask loads and "

@@ -76,6 +76,10 @@ CALL = "fn(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
 HEAD_DIM = 16
 
 
+_CACHES = ("k_cache", "v_cache")
+"""The fields of :class:`FP8Inputs` that hold FP8 codes."""
+
+
 @dataclass(frozen=True)
 class FP8Inputs:
     """One call's arguments, the caches as FP8 codes, kept on the CPU until a case runs."""
@@ -88,6 +92,19 @@ class FP8Inputs:
     scale: float
     k_scale: torch.Tensor
     v_scale: torch.Tensor
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields, the caches as their bytes: torch cannot unpickle an FP8 tensor (its
+        storage has no dtype), and a case travels to the learner's kernel pickled."""
+        state = dict(vars(self))
+        for name in _CACHES:
+            state[name] = state[name].view(torch.uint8)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value.view(torch.float8_e4m3fn)
+                               if name in _CACHES else value)
 
     def on(self, device: torch.device) -> tuple[Any, ...]:
         """The arguments, in the launcher's order, on ``device``."""

@@ -454,7 +454,8 @@ def recognising(mistakes: Sequence[tuple[Any, str]],
     ``mistakes`` pairs the value a known mistake gives on this case's inputs (computed by
     the check, in the grader) with the hint for that mistake; a wrong value equal to one of
     them gets its hint, and the hints of every mistake that gives that value when several
-    do (the report cannot tell which was made, so it must not name only one); any other
+    do (the report cannot tell which was made, so it must not name only one), in the order
+    of their text: the mistake chooses the hint, never its place in ``mistakes``. Any other
     wrong value gets the case's hints. ``compare`` judges first where a case needs its own
     comparison (one that may already name a hint).
     """
@@ -469,7 +470,7 @@ def recognising(mistakes: Sequence[tuple[Any, str]],
             return verdict
         hints = [hint for value, hint in mistakes
                  if not equal(to_plain(value), expected) and equal(got, to_plain(value))]
-        return replace(verdict, hint="; or else: ".join(dict.fromkeys(hints))) if hints \
+        return replace(verdict, hint="; or else: ".join(sorted(set(hints)))) if hints \
             else verdict
 
     return judged

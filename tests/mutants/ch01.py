@@ -153,7 +153,7 @@ def longest(mistake: str = "") -> Any:
 
 
 def longest_other(budget: int, per_token: int, block_size: int, requests: int) -> int:
-    """Another design: grow max_len a block at a time while exercise 3's sum still allows it."""
+    """Another design: grow max_len a block at a time while max_requests's sum still allows it."""
     if requests < 1:
         raise ValueError(f"requests={requests}")
     step = 1 << 40
@@ -214,6 +214,11 @@ MUTANTS = [
 ]
 
 RIGHT = [
+    Right("01.bytes_per_token", "the notebook's design", config_bytes()),
+    Right("01.blocks_needed", "the notebook's design", blocks()),
+    Right("01.max_requests", "the notebook's design", max_requests()),
+    Right("01.predict_vllm_log", "the notebook's design", predict()),
+    Right("01.longest_max_len", "the notebook's design", longest()),
     Right("01.bytes_per_token", "a table of keys and math.prod", config_bytes_other),
     Right("01.blocks_needed", "divmod", blocks_other),
     Right("01.max_requests", "bytes per reservation", max_requests_other),

@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from course_lib.grading.ch02 import GrowingReference
+from course_lib.grading.ch02 import _LibraryFirstFit as LibraryFirstFit
+from course_lib.slab import SlabAllocator
+from course_lib.viz.arena_view import ArenaFrame, Reservation, arena_stats
 from tests.mutants import Mutant, Right
 
 
@@ -357,6 +361,59 @@ MUTANTS = [
     Mutant("02.growing_arena", "negative", growing_with("negative"), "a negative length"),
 ]
 
+# --- the library behind the exercises' interfaces ---------------------------------------------
+
+
+def slot_states(slabs: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The arena view's statistics over slabs laid end to end."""
+    reservations, start = [], 0
+    for i, (reserved, written, final) in enumerate(slabs):
+        reservations.append(Reservation(str(i), start, reserved, written, final))
+        start += reserved
+    stats = arena_stats(ArenaFrame(max(start, 1), tuple(reservations)))
+    return stats.written, stats.pending, stats.internal
+
+
+def _sized_arena(gaps: list[tuple[int, int]]) -> SlabAllocator:
+    """A first-fit SlabAllocator whose free gaps are ``gaps``, built by admit and free."""
+    end = max((s + n for s, n in gaps), default=0) + 1
+    arena = SlabAllocator(end, policy="exact-size", max_len=10**9)
+    cursor, filler = 0, []
+    for rid, (start, length) in enumerate(gaps):
+        if start > cursor:
+            arena.admit(2 * rid, start - cursor)
+        arena.admit(2 * rid + 1, length)
+        filler.append(2 * rid + 1)
+        cursor = start + length
+    arena.admit(10**6, end - cursor)  # the slot after the last gap stays taken
+    for rid in filler:
+        arena.free(rid)
+    return arena
+
+
+def first_fit(gaps: list[tuple[int, int]], size: int) -> int | None:
+    arena = _sized_arena(gaps)
+    return arena.admit(10**7, size).start if arena.fits(size) else None
+
+
+def no_gap_fits(gaps: list[tuple[int, int]], need: int) -> tuple[int, bool]:
+    arena = _sized_arena(gaps)
+    return arena.stranded(need), arena.num_free >= need > arena.largest_gap
+
+
+class LibraryReserveMax:
+    def __init__(self, num_slots: int, max_len: int) -> None:
+        self.arena = SlabAllocator(num_slots, policy="reserve-max", max_len=max_len)
+
+    def admit(self, request_id: int) -> int | None:
+        if not self.arena.fits(self.arena.max_len):
+            return None
+        return self.arena.admit(request_id, self.arena.max_len).start
+
+    def release(self, request_id: int) -> None:
+        self.arena.free(request_id)
+
+
 RIGHT = [
     Right("02.slot_states", "numpy column sums", slot_states_numpy),
     Right("02.first_fit", "a generator", first_fit_generator),
@@ -364,4 +421,10 @@ RIGHT = [
     Right("02.reserve_max_arena", "slabs from the top down", TopDownReserveMax),
     Right("02.first_fit_arena", "one owner per slot", BitmapFirstFit),
     Right("02.growing_arena", "slabs only, gaps derived", GrowingGaps),
+    Right("02.slot_states", "the arena view's statistics", slot_states),
+    Right("02.first_fit", "the library's arena", first_fit),
+    Right("02.no_gap_fits", "the library's arena", no_gap_fits),
+    Right("02.reserve_max_arena", "the library's arena", LibraryReserveMax),
+    Right("02.first_fit_arena", "the grader's reference", LibraryFirstFit),
+    Right("02.growing_arena", "the grader's reference", GrowingReference),
 ]

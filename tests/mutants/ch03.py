@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.grading.ch03 import LowestFirstPool
+from course_lib.grading.ch03 import LibraryTables, LowestFirstPool, cost_per_million
 from course_lib.kv_math import blocks_needed
 from course_lib.paged import BlockPool, OutOfBlocks
 from tests.mutants import Mutant, Right
@@ -384,6 +384,21 @@ MUTANTS = [
     Mutant("03.pack_tables", "zip_loose", pack_with("zip_loose"), "two tables, one length"),
 ]
 
+# --- the library behind the exercises' interfaces ---------------------------------------------
+
+
+def last_block(tokens: int, block_size: int) -> tuple[int, int]:
+    blocks = blocks_needed(tokens, block_size)
+    return blocks, tokens - (blocks - 1) * block_size if blocks else 0
+
+
+def batch_u(lengths: list[int], block_size: int) -> float:
+    """Through the library's per-sequence helpers: tokens over slots, pooled."""
+    if block_size < 1 or any(n < 0 for n in lengths) or not sum(lengths):
+        raise ValueError(f"no utilisation for {lengths} in blocks of {block_size}")
+    return sum(lengths) / sum(blocks_needed(n, block_size) * block_size for n in lengths)
+
+
 RIGHT = [
     Right("03.last_block", "float ceiling and remainder", last_block_by_ceil),
     Right("03.u_paged", "numpy", batch_u_numpy),
@@ -392,4 +407,10 @@ RIGHT = [
     Right("03.block_tables", "every token's slot kept", SlotListTables),
     Right("03.cost_per_million", "phases summed first", cost_by_phases),
     Right("03.pack_tables", "a numpy array", pack_numpy),
+    Right("03.last_block", "the library's blocks_needed", last_block),
+    Right("03.u_paged", "the library's blocks_needed", batch_u),
+    Right("03.block_pool", "the grader's reference", LowestFirstPool),
+    Right("03.block_tables", "the grader's reference", LibraryTables),
+    Right("03.cost_per_million", "the grader's reference", cost_per_million),
+    Right("03.pack_tables", "the notebook's design", pack_with()),
 ]

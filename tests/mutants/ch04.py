@@ -41,6 +41,10 @@ def library_lookup(
     return found
 
 
+def library_hashes(token_ids: list[int], block_size: int, cache_salt: str | None = None) -> list:
+    return block_hashes(token_ids, block_size, cache_salt=cache_salt)
+
+
 def library_system_prompt(prompt_tokens: int, chats: int, block_size: int) -> tuple[int, int]:
     demo = system_prompt_sharing(prompt_tokens, chats, block_size)
     return demo.blocks_with_sharing, demo.blocks_without_sharing
@@ -467,4 +471,9 @@ RIGHT = [
     Right("04.free_queue", "an ordered dict", ReferenceQueue),
     Right("04.free_queue", "stamps", QueueByStamps),
     Right("04.system_prompt_blocks", "counting chat by chat", system_prompt_by_counting),
+    Right("04.fork", "the library's steps", library_fork),
+    Right("04.append_token", "the library's steps", library_append),
+    Right("04.block_hashes", "the library's", library_hashes),
+    Right("04.longest_cached_prefix", "the library's hashes", library_lookup),
+    Right("04.system_prompt_blocks", "the library's demo", library_system_prompt),
 ]

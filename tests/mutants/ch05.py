@@ -6,6 +6,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from course_lib.grading.ch05 import (
+    admitted_count,
+    plan_preemptions,
+    priority_victim,
+    recomputed,
+    resume_seconds,
+)
+from course_lib.scheduler import SwapSpace
 from course_lib.workload import Request
 from tests.mutants import Mutant, Right
 
@@ -403,11 +411,18 @@ RIGHT = [
     Right(RECOMPUTE, "uncached blocks, then their tokens", recompute_by_blocks),
     Right(SWAP, "a dict and a used_blocks method", DictSwapSpace),
     Right(SWAP, "used_blocks as a plain attribute", CountingSwapSpace),
+    Right(RESUME, "the cost model's fields, no mistake switched on", resuming("none")),
     Right(RESUME, "the cost model's step_time less an empty step, as a list",
           resume_with_step_time),
     Right(PLAN, "a running deficit and a victim order fixed up front", plan_by_deficit),
     Right(STEP, "preemptions decided first as a suffix of the running list, tuples",
           suffix_design),
+    Right(ADMIT, "the grader's own", admitted_count),
+    Right(VICTIM, "the grader's own", priority_victim),
+    Right(RECOMPUTE, "the grader's own", recomputed),
+    Right(SWAP, "the library's", SwapSpace),
+    Right(RESUME, "the grader's own", resume_seconds),
+    Right(PLAN, "the grader's own", plan_preemptions),
 ]
 
 MUTANTS = [

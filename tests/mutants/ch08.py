@@ -23,7 +23,7 @@ from tests.mutants.ch06 import launch_splits
 import triton
 import triton.language as tl
 
-# --- exercise 1: bytes per token at a length ----------------------------------------------------
+# --- 08.bytes_at_length: bytes per token at a length --------------------------------------------
 
 
 def bytes_at_length(mistake: str = "") -> Any:
@@ -58,7 +58,7 @@ def bytes_by_counting(windows: list[int | None], kv_heads: int, head_dim: int,
     return 2 * kv_heads * head_dim * dtype_bytes * held / num_tokens
 
 
-# --- exercise 2: what a window group hands back ---------------------------------------------------
+# --- 08.window_free: what a window group hands back -----------------------------------------------
 
 
 def window_free(mistake: str = "") -> Any:
@@ -104,7 +104,7 @@ def window_free_by_positions(table: list[int], ref_counts: dict[int, int], num_c
             [table[i] for i in gone if ref_counts[table[i]] < 2])
 
 
-# --- exercise 3: the prefix hit across groups -----------------------------------------------------
+# --- 08.prefix_hit: the prefix hit across groups --------------------------------------------------
 
 
 def prefix_hit(mistake: str = "") -> Any:
@@ -157,7 +157,7 @@ def prefix_hit_upward(cached: list[list[bool]], windows: list[int | None], block
     return k * block_size
 
 
-# --- exercise 4: a windowed decode kernel with switchable mistakes ------------------------------
+# --- 08.windowed_decode: a windowed decode kernel with switchable mistakes ----------------------
 
 NONE, IGNORE_WINDOW, WINDOW_PLUS_ONE, WINDOW_MINUS_ONE, SCORES_ONLY, BLOCK_START, \
     INT32_BLOCK, RANGE_TO_WINDOW, RANGE_TO_WINDOW_NAN = map(tl.constexpr, range(9))
@@ -178,7 +178,7 @@ def windowed_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, scale
     lo = tl.maximum(seq_len - window, 0)
     if MISTAKE == WINDOW_PLUS_ONE:
         lo = tl.maximum(seq_len - window - 1, 0)
-    if MISTAKE == WINDOW_MINUS_ONE:  # the chunk's rule of exercise 2, num_computed = seq_len
+    if MISTAKE == WINDOW_MINUS_ONE:  # the chunk's rule of window_free, num_computed = seq_len
         lo = tl.maximum(seq_len - window + 1, 0)
     loop_from = lo
     if MISTAKE == IGNORE_WINDOW:
@@ -271,6 +271,10 @@ RIGHT = [
           prefix_hit_upward),
     Right(DECODE, "chapter 06's block walk (whole blocks, base 2, no tl.dot) from the window",
           block_walk_windowed),
+    Right(BYTES, "the notebook's design", bytes_at_length()),
+    Right(FREE, "the notebook's design", window_free()),
+    Right(HIT, "the notebook's design", prefix_hit()),
+    Right(DECODE, "the notebook's design", windowed()),
 ]
 
 MUTANTS = [

@@ -471,6 +471,9 @@ RIGHT = [
     Right(RING, "a linear scan for the first point at or after the key", ScanRing),
     Right(SCORER, "sorted by (score descending, load, index)", choose_sorted),
     Right(TIER, "exact fractions, multiples in ascending order", choose_tier_exact),
+    Right(RING, "bisect over the sorted points", BisectRing),
+    Right(SCORER, "max over (score, -load, -index)", choose),
+    Right(TIER, "the notebook's design", choose_tier),
 ]
 
 MUTANTS = [
