@@ -112,8 +112,14 @@ class VllmOrder(FreeBlockQueue):
     name = "vllm"
 
     def release(self, block_ids: list[int], cached: Container[int]) -> None:
-        self.push_back([b for b in block_ids if b in cached])
-        self.push_front([b for b in block_ids if b not in cached])
+        order, front = self._order, []
+        for block_id in block_ids:  # all to the back, in order; then the uncached forward
+            order[block_id] = None
+            if block_id not in cached:
+                front.append(block_id)
+        move = order.move_to_end
+        for block_id in reversed(front):
+            move(block_id, last=False)
 
 
 class FifoOrder(FreeBlockQueue):

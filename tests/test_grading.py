@@ -113,7 +113,7 @@ def test_the_documented_command_grades_from_another_folder(tmp_path: Path) -> No
     subs = tmp_path / "class" / "SUBMISSIONS"
     for learner in ("solved", "unsolved"):
         (subs / learner).mkdir(parents=True)
-    for path in sorted((ROOT / "solutions").glob("0[1-9]_*.ipynb")):
+    for path in sorted((ROOT / "solutions").glob("[01][0-9]_*.ipynb")):
         shutil.copy(path, subs / "solved" / path.name)
     shutil.copy(ROOT / "exercises" / "01_kv_cache_arithmetic.ipynb", subs / "unsolved")
     before = {p: p.read_bytes() for p in subs.rglob("*.ipynb")}

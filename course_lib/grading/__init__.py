@@ -16,7 +16,7 @@ from course_lib.grading.check import CHECK_MIME, CheckResult, Exercise, evaluate
 __all__ = ["CHECK_MIME", "GRADED_CHAPTERS", "GRADING_ENV", "CheckResult", "chapter_exercises",
            "check", "find_exercise"]
 
-GRADED_CHAPTERS = ("01", "02", "03", "04", "05", "06", "07", "08", "09")
+GRADED_CHAPTERS = ("01", "02", "03", "04", "05", "06", "07", "08", "09", "10")
 """The chapters whose exercise notebooks the instructor grades (00 is a warm-up)."""
 
 GRADING_ENV = "COURSE_LIB_GRADING"

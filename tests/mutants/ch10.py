@@ -139,6 +139,9 @@ RIGHT = [
     Right(FP8, "a table of scales per layer by layout", fp8_bytes_by_table),
     Right(QUANTIZE, "an expanded scale and torch.where", quantize_by_where),
     Right(MLA, "a list of (numbers, bytes) parts", mla_bytes_by_parts),
+    Right(FP8, "the notebook's design, no mistake switched on", fp8_bytes()),
+    Right(QUANTIZE, "the notebook's design, no mistake switched on", quantize()),
+    Right(MLA, "the notebook's design, no mistake switched on", mla_bytes()),
     *KERNEL_RIGHT,
 ]
 
