@@ -121,6 +121,29 @@ def test_only_fresh_cases_decide_a_score(fixed: list[bool], fresh: list[bool]) -
     assert grade_score([True] * 5 + [False] * 3, 5)[0] == 0.0
 
 
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=10))
+def test_refusals_count_only_beside_a_value_case_passed(cases: list[tuple[bool, bool]]) -> None:
+    """(passed, expects an error) per fresh case: refusing everything earns nothing, while an
+    answer that gets a value right keeps every refusal it passed."""
+    passed, refusals = [p for p, _ in cases], [r for _, r in cases]
+    share, _ = grade_score([True, *passed], 1, [False, *refusals])
+    values = [p for p, r in cases if not r]
+    if values and not any(values):
+        assert share == 0.0
+    else:
+        assert share == sum(passed) / len(passed)
+
+
+def test_a_notebook_that_only_raises_scores_nothing() -> None:
+    cases = _cases("01.blocks_needed")
+    refuse_all = judge_cases(json.dumps(_harvest("01.blocks_needed", _refuse)), cases)
+    assert refuse_all.score == 0.0 and refuse_all.fixed_passed > 0
+
+
+def _refuse(*args: object) -> object:
+    raise ValueError("no")
+
+
 @pytest.mark.parametrize("damage", [
     lambda p: p.pop("observations"),
     lambda p: p.update(calls=["fn(0)"]),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course_lib.grading import chapter_exercises
-from course_lib.grading.check import Case, CaseResult, Exercise, exercise_cases, judge
+from course_lib.grading.check import Case, CaseResult, Exercise, Raises, exercise_cases, judge
 from course_lib.grading.execute import (
     Execution,
     Harvest,
@@ -117,18 +117,24 @@ def build_chapter(chapter: str, seed: int) -> ChapterCases:
                         library_copy(chapter))
 
 
-def score(passed: Sequence[bool], fixed: int) -> tuple[float, str]:
+def score(passed: Sequence[bool], fixed: int,
+          refusals: Sequence[bool] | None = None) -> tuple[float, str]:
     """(score, what passed): the share of fresh cases passed, or of fixed ones where an
-    exercise draws none.
+    exercise draws none; ``refusals`` marks the cases that expect an error (none if None).
 
     The fixed cases are those a learner's ``check`` shows, expected values included, so
     passing them proves nothing: a notebook can hard-code their answers and errors. Only the
     fresh ones, drawn for this run and covering every kind of fixed case, show that the code
-    computes the answers itself, so they alone decide the score.
+    computes the answers itself, so they alone decide the score. A refusal earns its share
+    only beside a value case passed: a function that raises for everything answers nothing.
     """
     old, new = passed[:fixed], passed[fixed:]
     text = f"{sum(old)}/{len(old)} fixed" + (f" and {sum(new)}/{len(new)} fresh" if new else "")
-    counted = new or old
+    refusals = [False] * len(passed) if refusals is None else refusals
+    counted, refusing = (new, refusals[fixed:]) if new else (old, refusals[:fixed])
+    values = [ok for ok, refusal in zip(counted, refusing, strict=True) if not refusal]
+    if values and not any(values):
+        counted = [ok and not refusal for ok, refusal in zip(counted, refusing, strict=True)]
     return (sum(counted) / len(counted) if counted else 0.0), f"{text} cases passed"
 
 
@@ -179,7 +185,8 @@ def judge_cases(text: str, cases: Sequence[Case], fixed: int | None = None) -> J
                     ) if withheld else ("", "")
     if all(r.passed for r in results):
         return Judgement(1.0, "passed", reason, flag, remark=reason, **counts)
-    share, passed = score([r.passed for r in results], fixed)
+    share, passed = score([r.passed for r in results], fixed,
+                          [isinstance(case.expected, Raises) for case in cases])
     failed = next(r for r in results if not r.passed)
     return Judgement(share, "flagged" if flag else "failed",
                      reason or f"{passed}; first failure: {failed.call[:120]}", flag,
