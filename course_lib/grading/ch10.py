@@ -84,13 +84,16 @@ def _fp8_case(layers: int, kv_heads: int, head_dim: int, scales: str) -> Case:
         compare=recognising(_fp8_mistakes(layers, kv_heads, head_dim, scales)))
 
 
-def _bad_fp8_cases(shape: tuple[int, int, int], layout: str, layers: int,
-                   kv_heads: int) -> list[Case]:
-    """An unknown scale layout, then bad layers and bad KV heads: each must raise."""
+def _bad_fp8_cases(shape: tuple[int, int, int], layout: str, cased: str, layers: int,
+                   kv_heads: int, head_dim: int) -> list[Case]:
+    """An unknown scale layout, a known one in other letters, then bad layers, KV heads and
+    head size: each must raise."""
     layers_ok, h, d = shape
     bad = [((layers_ok, h, d, layout), f"an unknown scale layout {layout!r}"),
+           ((layers_ok, h, d, cased), f"{cased!r}: layout names are exact, lower-case"),
            ((layers, h, d, "tensor"), f"layers = {layers}"),
-           ((layers_ok, kv_heads, d, "token-head"), f"kv_heads = {kv_heads}")]
+           ((layers_ok, kv_heads, d, "token-head"), f"kv_heads = {kv_heads}"),
+           ((layers_ok, h, head_dim, "head"), f"head_dim = {head_dim}")]
     return [
         Case(f"fn(layers={a[0]}, kv_heads={a[1]}, head_dim={a[2]}, scales={a[3]!r})  # {why}",
              lambda fn, a=a: fn(*a), Raises(ValueError),
@@ -105,7 +108,7 @@ def _fp8_cases() -> list[Case]:
               (80, 8, 128, "token-head"), (28, 4, 128, "head"), (30, 3, 64, "token-head"),
               (40, 40, 128, "tensor")]
     return [*(_fp8_case(*shape) for shape in shapes),
-            *_bad_fp8_cases((32, 8, 128), "channel", 0, -8)]
+            *_bad_fp8_cases((32, 8, 128), "channel", "Tensor", 0, -8, 0)]
 
 
 def _fp8_fresh(seed: int) -> list[Case]:
@@ -117,9 +120,10 @@ def _fp8_fresh(seed: int) -> list[Case]:
 
     cases = [_fp8_case(*shape(), layout) for layout in SCALE_LAYOUTS]
     cases.append(_fp8_case(*shape(), rng.choice(SCALE_LAYOUTS)))
-    return cases + _bad_fp8_cases(shape(), rng.choice(["channel", "token", "block", "Tensor",
-                                                       "per-head", "tensor-head"]),
-                                  -rng.randint(0, 64), -rng.randint(0, 16))
+    return cases + _bad_fp8_cases(
+        shape(), rng.choice(["channel", "token", "block", "per-head", "tensor-head"]),
+        rng.choice(["Tensor", "HEAD", "Token-Head", "tensor ", "head\n"]),
+        -rng.randint(0, 64), -rng.randint(0, 16), -rng.randint(0, 128))
 
 
 # --- exercise 2: quantize with a scale, saturating ----------------------------------------------
@@ -136,15 +140,24 @@ AXIS = ("a per-head scale belongs to axis -2 of x shaped [..., num_heads, head_d
 FLOAT32_DIVIDE = ("divide in float32 (x.float() / scale): x / scale of a bfloat16 x is "
                   "bfloat16, rounded once before the cast rounds again")
 MAX_OF = "clamp to the format's own largest value: 448 for E4M3, 57,344 for E5M2"
+IN_PLACE = ("leave x as it is: a float32 x.float() is x itself, so divide into a new tensor "
+            "(x.float() / scale), never in place (div_)")
 
 
-def fp8_view(value: Any) -> Any:
+def fp8_view(value: Any, x_unchanged: bool = True) -> Any:
     """What a quantize case compares: the dtype and the values of a returned tensor (float32
-    holds every FP8 value exactly), anything else as it is."""
+    holds every FP8 value exactly) and whether the call left its ``x`` as it was, anything
+    else as it is."""
     if isinstance(value, torch.Tensor):
         return {"dtype": str(value.dtype).removeprefix("torch."),
-                "values": value.detach().cpu().float().tolist()}
+                "values": value.detach().cpu().float().tolist(), "x unchanged": x_unchanged}
     return value
+
+
+def _quantize_run(fn: Any, x: torch.Tensor, scale: torch.Tensor, fmt: str) -> Any:
+    """Call ``fn`` on copies of the case's inputs and view what it returned."""
+    given = x.clone()
+    return fp8_view(fn(given, scale.clone(), fmt), torch.equal(given, x))
 
 
 def _slip(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, saturate: bool = True,
@@ -183,11 +196,11 @@ def _quantize_case(label: str, x: torch.Tensor, scale: torch.Tensor, fmt: str) -
     return Case(
         f"fn(x, scale, {fmt!r})  # {label}; x: {_describe_tensor(x)}; scale: "
         f"{_describe_tensor(scale)}",
-        lambda fn, x=x, s=scale, f=fmt: fp8_view(fn(x.clone(), s.clone(), f)),
+        lambda fn, x=x, s=scale, f=fmt: _quantize_run(fn, x, s, f),
         fp8_view(quantize(x, scale, fmt)),
         "q = fp8(clamp(x / scale, -max, max)): divide in float32, a per-head scale on axis -2, "
         "saturate, then cast", compare=recognising(_quantize_mistakes(x, scale, fmt)),
-        hints={"dtype": DTYPE_HINT, "returned": DTYPE_HINT})
+        hints={"dtype": DTYPE_HINT, "returned": DTYPE_HINT, "x unchanged": IN_PLACE})
 
 
 def _values(gen: torch.Generator, shape: Sequence[int], spread: float) -> torch.Tensor:
@@ -238,12 +251,13 @@ def _quantize_inputs(gen: torch.Generator, heads: int, dim: int,
     ]
 
 
-def _bad_quantize_cases(x: torch.Tensor, fmt_name: str, bad_scale: float) -> list[Case]:
-    """An unknown format, a scale that is zero or not finite, a per-head scale of the wrong
-    length, and float64 x: each must raise."""
+def _bad_quantize_cases(x: torch.Tensor, fmt_name: str, negative: float) -> list[Case]:
+    """An unknown format, scales that are zero, ``negative``, inf and NaN, a per-head scale
+    of the wrong length, and float64 x: each must raise."""
     heads = x.shape[-2]
     bad = [(x, torch.tensor(0.5), fmt_name, f"an unknown format {fmt_name!r}"),
-           (x, torch.tensor(bad_scale), "e4m3", f"scale = {bad_scale}"),
+           *((x, torch.tensor(value), "e4m3", f"scale = {value}")
+             for value in (0.0, negative, float("inf"), float("nan"))),
            (x, torch.ones(heads + 1), "e4m3", f"{heads + 1} scales for {heads} heads"),
            (x.double(), torch.tensor(0.5), "e4m3", "float64 x (the cast would round twice)")]
     return [
@@ -258,7 +272,7 @@ def _bad_quantize_cases(x: torch.Tensor, fmt_name: str, bad_scale: float) -> lis
 def _quantize_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(10)
     cases = [_quantize_case(*entry) for entry in _quantize_inputs(gen, 2, 4, 3)]
-    return cases + _bad_quantize_cases(_values(gen, (3, 2, 4), 1.0), "e3m4", 0.0)
+    return cases + _bad_quantize_cases(_values(gen, (3, 2, 4), 1.0), "e3m4", -0.5)
 
 
 def _quantize_fresh(seed: int) -> list[Case]:
@@ -270,8 +284,7 @@ def _quantize_fresh(seed: int) -> list[Case]:
              _quantize_inputs(gen, heads, dim, rng.randint(2, 4))]
     return cases + _bad_quantize_cases(
         _values(gen, (rng.randint(1, 3), heads, dim), 1.0),
-        rng.choice(["e4m3fnuz", "e5m3", "fp8", "int8", "E4M3 "]),
-        rng.choice([0.0, -rng.uniform(0.01, 2.0), float("inf"), float("nan")]))
+        rng.choice(["e4m3fnuz", "e5m3", "fp8", "int8", "E4M3 "]), -rng.uniform(0.01, 2.0))
 
 
 # --- exercise 3: MLA bytes per token ------------------------------------------------------------

@@ -21,7 +21,11 @@ LAYOUTS = ("tensor", "head", "token-head")
 def fp8_bytes(mistake: str = "") -> Any:
     """10.fp8_bytes_per_token; ``mistake`` names the learner's slip."""
     def fn(layers: int, kv_heads: int, head_dim: int, scales: str) -> tuple[int, int]:
-        if mistake != "no_validation" and (scales not in LAYOUTS or layers < 1 or kv_heads < 1):
+        if mistake == "loose_names":
+            scales = scales.strip().lower()
+        small = min(layers, kv_heads) if mistake == "no_head_dim_check" else min(
+            layers, kv_heads, head_dim)
+        if mistake != "no_validation" and (scales not in LAYOUTS or small < 1):
             raise ValueError(f"cannot size {layers} layers, {kv_heads} heads, {scales!r}")
         tensors = 1 if mistake == "one_tensor" else 2
         size = 2 if mistake == "two_byte_data" else 1
@@ -58,7 +62,9 @@ def quantize(mistake: str = "") -> Any:
             raise ValueError(f"unknown format {fmt!r}")
         if x.dtype == torch.float64 and mistake != "no_float64_check":
             raise ValueError("float64 x")
-        if not torch.isfinite(scale).all() or (scale <= 0).any():
+        bad = (scale == 0).any() if mistake == "only_zero_scale" else (
+            not torch.isfinite(scale).all() or (scale <= 0).any())
+        if bad:
             raise ValueError(f"bad scale {scale}")
         if scale.dim() == 1 and scale.shape[0] != x.shape[-2]:
             raise ValueError(f"{scale.shape[0]} scales for {x.shape[-2]} heads")
@@ -68,6 +74,9 @@ def quantize(mistake: str = "") -> Any:
             y = x.float() * s
         elif mistake == "bf16_divide":
             y = x / s
+        elif mistake == "in_place":
+            y = x.float()
+            y.div_(s)
         else:
             y = x.float() / s
         if mistake != "no_clamp":
@@ -153,6 +162,8 @@ MUTANTS = [
     Mutant(FP8, "a per-head scale once per layer", fp8_bytes("per_layer_head_scale"),
            "one per KV head"),
     Mutant(FP8, "no validation", fp8_bytes("no_validation"), "raise ValueError"),
+    Mutant(FP8, "no check of head_dim", fp8_bytes("no_head_dim_check"), "raise ValueError"),
+    Mutant(FP8, "layout names taken loosely", fp8_bytes("loose_names"), "raise ValueError"),
     Mutant(QUANTIZE, "no clamp before the cast", quantize("no_clamp"), "saturate"),
     Mutant(QUANTIZE, "multiplies by the scale", quantize("multiply"), "divide by the scale"),
     Mutant(QUANTIZE, "a per-head scale on the last axis", quantize("last_axis"), "axis -2"),
@@ -161,6 +172,9 @@ MUTANTS = [
     Mutant(QUANTIZE, "returns float32 values", quantize("float_return"),
            "return the FP8 tensor itself"),
     Mutant(QUANTIZE, "quantizes float64", quantize("no_float64_check"), "raise ValueError"),
+    Mutant(QUANTIZE, "refuses only a zero scale", quantize("only_zero_scale"),
+           "raise ValueError"),
+    Mutant(QUANTIZE, "divides x in place", quantize("in_place"), "leave x as it is"),
     Mutant(MLA, "the latent counted for K and for V", mla_bytes("twice"), "count it twice"),
     Mutant(MLA, "no rope key", mla_bytes("no_rope"), "rope key (qk_rope_head_dim"),
     Mutant(MLA, "a rope key per head", mla_bytes("rope_per_head"), "shared by every head"),
