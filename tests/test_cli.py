@@ -90,7 +90,7 @@ def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
      (["grade", ".", "--timeout", "nan"], "--timeout"),
      (["grade", ".", "--jobs", "0"], "--jobs"),
      (["grade", ".", "--memory-mb", "1"], "--memory-mb"),
-     (["grade", ".", "--chapters", "10"], "--chapters")],
+     (["grade", ".", "--chapters", "11"], "--chapters")],
 )
 def test_out_of_range_values_name_the_flag_typed(
         capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:

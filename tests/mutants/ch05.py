@@ -6,14 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from course_lib.grading.ch05 import (
-    admitted_count,
-    plan_preemptions,
-    priority_victim,
-    recomputed,
-    resume_seconds,
-)
-from course_lib.scheduler import SwapSpace
 from course_lib.workload import Request
 from tests.mutants import Mutant, Right
 
@@ -417,12 +409,6 @@ RIGHT = [
     Right(PLAN, "a running deficit and a victim order fixed up front", plan_by_deficit),
     Right(STEP, "preemptions decided first as a suffix of the running list, tuples",
           suffix_design),
-    Right(ADMIT, "the grader's own", admitted_count),
-    Right(VICTIM, "the grader's own", priority_victim),
-    Right(RECOMPUTE, "the grader's own", recomputed),
-    Right(SWAP, "the library's", SwapSpace),
-    Right(RESUME, "the grader's own", resume_seconds),
-    Right(PLAN, "the grader's own", plan_preemptions),
 ]
 
 MUTANTS = [
