@@ -24,18 +24,20 @@ back to the front, a freed one is removed, and a step's first cache hit saves a 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any, ClassVar
 
 FREE_ORDERS: dict[str, type[FreeBlockQueue]] = {}
 """Every eviction order by name, in the order they were defined (``"vllm"`` first)."""
 
 
-class FreeBlockQueue:
+class FreeBlockQueue(OrderedDict[int, None]):
     """The free blocks, front (next handed out, next evicted) first.
 
     Taking from the front and from the middle (a cache hit revives a freed cached block)
-    and putting back are O(1): the queue is an ordered dict of block ids.
+    and putting back are O(1): the queue is an ordered dict of block ids (a subclass, so
+    that its length and membership, read at every step of a simulation, cost what a
+    dict's do).
     """
 
     name: ClassVar[str] = ""
@@ -50,41 +52,32 @@ class FreeBlockQueue:
 
     def __init__(self, block_ids: Iterable[int]) -> None:
         """A queue holding ``block_ids`` in that order (a fresh pool's 1, 2, 3, ...)."""
-        self._order: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, block_id: object) -> bool:
-        return block_id in self._order
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._order)
+        super().__init__(dict.fromkeys(block_ids))
 
     def pop_front(self) -> int:
         """Take the front block (the caller checks the queue is not empty)."""
-        return self._order.popitem(last=False)[0]
+        return self.popitem(last=False)[0]
 
     def pop_front_many(self, count: int) -> list[int]:
         """Take the ``count`` front blocks, front first (the caller checks there are
         enough)."""
-        pop = self._order.popitem
+        pop = self.popitem
         return [pop(last=False)[0] for _ in range(count)]
 
     def remove(self, block_id: int) -> None:
         """Take ``block_id`` from wherever it is (a cache hit on a freed cached block)."""
-        del self._order[block_id]
+        del self[block_id]
 
     def push_front(self, block_ids: Sequence[int]) -> None:
         """Put ``block_ids`` at the front together, in the order given."""
-        move = self._order.move_to_end
+        move = self.move_to_end
         for block_id in reversed(block_ids):
-            self._order[block_id] = None
+            self[block_id] = None
             move(block_id, last=False)
 
     def push_back(self, block_ids: Iterable[int]) -> None:
         """Put ``block_ids`` at the back, in the order given."""
-        self._order.update(dict.fromkeys(block_ids))
+        self.update(dict.fromkeys(block_ids))
 
     def release(self, block_ids: list[int], cached: Container[int]) -> None:
         """Queue the blocks one batch has just freed, in the order they were freed;
@@ -98,11 +91,12 @@ class FreeBlockQueue:
 
     def snapshot(self) -> Any:
         """Everything :meth:`restore` needs to put the queue back as it is now."""
-        return tuple(self._order)
+        return tuple(self)
 
     def restore(self, snapshot: Any) -> None:
         """Put the queue back as it was when ``snapshot`` was taken."""
-        self._order = OrderedDict.fromkeys(snapshot)
+        self.clear()
+        self.update(dict.fromkeys(snapshot))
 
 
 class VllmOrder(FreeBlockQueue):
@@ -112,12 +106,12 @@ class VllmOrder(FreeBlockQueue):
     name = "vllm"
 
     def release(self, block_ids: list[int], cached: Container[int]) -> None:
-        order, front = self._order, []
+        front = []
         for block_id in block_ids:  # all to the back, in order; then the uncached forward
-            order[block_id] = None
+            self[block_id] = None
             if block_id not in cached:
                 front.append(block_id)
-        move = order.move_to_end
+        move = self.move_to_end
         for block_id in reversed(front):
             move(block_id, last=False)
 

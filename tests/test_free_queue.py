@@ -5,7 +5,6 @@ test, no other edit) runs in the pool, the simulator and the engine's rollback."
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Container, Iterator
 from typing import Any
 
@@ -86,7 +85,7 @@ def _least_hit_first() -> type[FreeBlockQueue]:
                 rank, order = self.hits.get(block_id, 0), list(self)
                 at = next((i for i, b in enumerate(order)
                            if b in cached and self.hits.get(b, 0) > rank), len(order))
-                self._order = OrderedDict.fromkeys([*order[:at], block_id, *order[at:]])
+                FreeBlockQueue.restore(self, [*order[:at], block_id, *order[at:]])
             self.push_front([b for b in block_ids if b not in cached])
 
         def snapshot(self) -> Any:
