@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import course_lib.engine.requests as requests_module
 from course_lib.attention import KERNEL_MODE
@@ -146,3 +148,23 @@ def test_calibrated_scales_put_each_layers_largest_value_on_448(model) -> None:
         record_kv(model, [[1, 128]])
     with pytest.raises(ValueError, match="at least one prompt, none empty"):
         calibrate_kv_scales(model, [[1], []])
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "abort", "step"]), st.integers(0, 50)),
+                    max_size=25))
+def test_any_add_abort_step_sequence_drains_an_fp8_pool_without_a_leak(model, scales,
+                                                                        ops) -> None:
+    engine = fp8_engine(model, scales, blocks=10)
+    params = SamplingParams(max_tokens=3, n=2, temperature=1.0, seed=0)
+    for op, value in ops:
+        if op == "add":
+            engine.add_request(prompts_with_system(1, seed=value)[0][:8], params)  # fits 9 blocks
+        elif op == "abort" and engine.has_unfinished:
+            engine.abort(engine.unfinished[value % len(engine.unfinished)])
+        elif op == "step" and engine.has_unfinished:
+            engine.step()
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.pool.num_used == 0 and not engine.manager.sequences
