@@ -171,6 +171,7 @@ def _slips(inputs: FP8Inputs) -> tuple[tuple[str, torch.Tensor], ...]:
     k, v = inputs.k_scale, inputs.v_scale
     one = torch.ones_like(k)
     found = [(SWAPPED, _expected(inputs, v, k)), (TWICE, _expected(inputs, k * k, v * v)),
+             (TWICE, _expected(inputs, k * k, v)), (TWICE, _expected(inputs, k, v * v)),
              (DIVIDED, _expected(inputs, 1 / k, 1 / v)), (NO_V, _expected(inputs, k, one)),
              (NO_K, _expected(inputs, one, v))]
     if k.dim() == 1 and len(k) > 1:

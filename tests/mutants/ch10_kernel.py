@@ -26,8 +26,8 @@ import triton.language as tl
 from tests.mutants import Mutant, Right
 
 # Which mistake a kernel makes; constexpr so that the kernel may read them as globals.
-NONE, SWAPPED, TWICE, DIVIDED, NO_V, QUERY_HEAD, FIRST_HEAD, MASK_LE, INT32_BLOCK = map(
-    tl.constexpr, range(9))
+(NONE, SWAPPED, TWICE, DIVIDED, NO_V, QUERY_HEAD, FIRST_HEAD, MASK_LE, INT32_BLOCK,
+ K_TWICE) = map(tl.constexpr, range(10))
 
 
 @triton.jit
@@ -85,6 +85,8 @@ def fp8_tile_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, k_sca
         if MISTAKE == TWICE:  # dequantized here, and scaled again below
             k = k * k_s
             v = v * v_s
+        if MISTAKE == K_TWICE:  # K only
+            k = k * k_s
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * k_s)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -189,6 +191,8 @@ KERNEL_MUTANTS = (
     Mutant(FP8_DECODE, "plain torch, no Triton", torch_fp8_decode, "answered with a kernel"),
     Mutant(FP8_DECODE, "k_scale and v_scale swapped", fp8_decoder(SWAPPED), "swapped"),
     Mutant(FP8_DECODE, "codes dequantized and the scores scaled again", fp8_decoder(TWICE),
+           "applied once"),
+    Mutant(FP8_DECODE, "K dequantized and its scores scaled again", fp8_decoder(K_TWICE),
            "applied once"),
     Mutant(FP8_DECODE, "codes divided by the scale", fp8_decoder(DIVIDED), "multiplies by"),
     Mutant(FP8_DECODE, "v_scale never applied", fp8_decoder(NO_V), "v_scale is missing"),
