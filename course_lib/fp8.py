@@ -152,10 +152,14 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | float,
     """``fp8(clamp(x / scale, -max, max))``: divide in float32, saturate, cast (rounding to
     nearest even). The clamp is explicit because E4M3's cast gave NaN past 448 before
     torch's 2026 change and E5M2's gives inf; with it both formats saturate on any torch."""
-    spec = fp8_format(fmt)
-    x = _check_input(x)
-    scaled = x.float() / _broadcast_scale(scale, x)
-    return scaled.clamp(-spec.max_finite, spec.max_finite).to(spec.dtype)
+    return encode(_check_input(x), _broadcast_scale(scale, x), fp8_format(fmt))
+
+
+def encode(x: torch.Tensor, scale: torch.Tensor, spec: FP8Format) -> torch.Tensor:
+    """:func:`quantize` without its checks, for a caller that checked ``scale`` once and
+    writes K/V every step (the engine's FP8 pool): checking ``x`` for NaN there would wait
+    for the GPU at every layer. ``scale`` is float32, shaped to broadcast over ``x``."""
+    return (x.float() / scale).clamp(-spec.max_finite, spec.max_finite).to(spec.dtype)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float,

@@ -23,7 +23,7 @@ import torch
 
 from course_lib.engine.model import LlamaModel, packed_causal_attention
 from course_lib.engine.sampling import SamplingParams
-from course_lib.fp8 import FP8Format, calibrate_scale, dequantize, quantize
+from course_lib.fp8 import FP8Format, calibrate_scale, dequantize, encode
 from course_lib.validate import check_int, check_list, describe
 
 if TYPE_CHECKING:
@@ -39,8 +39,9 @@ class KVQuantization:
     scales: torch.Tensor
 
     def store(self, layer: int, which: int, x: torch.Tensor) -> torch.Tensor:
-        """K (``which`` 0) or V (1) of ``layer`` as the FP8 codes the pool keeps."""
-        return quantize(x, self.scales[layer, which], self.fmt)
+        """K (``which`` 0) or V (1) of ``layer`` as the FP8 codes the pool keeps (the scales
+        were checked once, by :func:`kv_quantization`)."""
+        return encode(x, self.scales[layer, which], self.fmt)
 
     def load(self, layer: int, which: int, codes: torch.Tensor,
              dtype: torch.dtype) -> torch.Tensor:
