@@ -18,9 +18,10 @@ chapter 01's Llama-3-8B budget) although a step touches a handful of blocks. Her
 Undo runs the log newest first, so every dict regains its order as well as its values
 (all but the keys of the prefix cache's two hash maps, which nothing iterates: an undone
 eviction puts its block's entries back at their ends).
-One change costs one log entry, except a cache hit: reviving a freed cached block takes it
-from the middle of the free queue, and an eviction order may count hits, so the first hit
-in a step saves the queue's snapshot (``FreeBlockQueue.snapshot``) once.
+One change costs one log entry, except a cache hit that revives a freed cached block: that
+takes it from the middle of the free queue, so the step's first such hit saves the queue's
+snapshot (``FreeBlockQueue.snapshot``) once, as does any hit under an order that counts
+hits (one that overrides ``FreeBlockQueue.hit``). A hit on blocks still held saves nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from course_lib.free_queue import FreeBlockQueue
 from course_lib.paged import BlockPool, OutOfBlocks, PagedKVManager
 from course_lib.prefix_cache import (
     BlockHash,
@@ -206,10 +208,12 @@ class UndoablePrefixCachingBlockPool(UndoablePool, PrefixCachingBlockPool):
         if log is None:
             return super().touch(block_ids)
         ids = list(block_ids)
-        self._save_queue(log)  # a revival leaves the queue; the order may count every hit
-        for block_id in ids:
-            if type(block_id) is int and 0 <= block_id < self.num_blocks:
-                self._note_block(log, block_id)
+        known = [b for b in ids if type(b) is int and 0 <= b < self.num_blocks]
+        if type(self.free_queue).hit is not FreeBlockQueue.hit or not all(
+                map(self._ref.__getitem__, known)):  # the order counts hits, or one revives
+            self._save_queue(log)
+        for block_id in known:
+            self._note_block(log, block_id)
         return super().touch(ids)
 
 

@@ -102,6 +102,21 @@ def test_a_steps_log_does_not_grow_with_the_pool() -> None:
     assert _core_log_size(30_721) == _core_log_size(257)
 
 
+def test_only_a_hit_that_revives_a_block_copies_the_free_queue() -> None:
+    pool = undoable(PrefixCachingBlockPool)(64, BLOCK)
+    manager = kv_manager(pool)
+    manager.add_sequence("a", token_ids=[1, 2, 3, 4, 5])
+    queue, copies = pool.free_queue, []
+    queue.snapshot = lambda: copies.append(len(queue)) or tuple(queue)
+    pool.attach(UndoLog())
+    assert manager.add_sequence("b", token_ids=[1, 2, 3, 4, 5]) == 4  # a's blocks, held
+    assert copies == []
+    manager.free_sequence("a")
+    manager.free_sequence("b")
+    assert manager.add_sequence("c", token_ids=[1, 2, 3, 4, 5]) == 4  # revived from the queue
+    assert copies == [63]
+
+
 def test_checkpoint_refuses_a_pool_it_cannot_undo() -> None:
     core = ServingCore(SchedulerConfig(), BlockPool(8, 4))
     with pytest.raises(ValueError, match="undoable pool"):
