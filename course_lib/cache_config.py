@@ -19,8 +19,6 @@ from course_lib.tier import CpuTier, TieredBlockPool
 from course_lib.validate import check_int
 
 if TYPE_CHECKING:
-    import torch
-
     from course_lib.fp8 import FP8Format
 
 KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, "fp8": "e4m3", "fp8_e4m3": "e4m3",
@@ -29,16 +27,18 @@ KV_CACHE_DTYPES: dict[str, str | None] = {"auto": None, "fp8": "e4m3", "fp8_e4m3
 None: the model's own dtype). ``"fp8"`` is E4M3, as on NVIDIA GPUs."""
 
 
-@dataclass(frozen=True)
-class KVTensors:
-    """The K/V a pool owns: ``num_layers`` tensors of ``num_kv_heads`` heads of
-    ``head_dim`` numbers per token, in ``dtype`` on ``device`` (``BlockPool``'s layout)."""
+def kv_format(kv_cache_dtype: str) -> FP8Format | None:
+    """The FP8 format a ``kv_cache_dtype`` of :data:`KV_CACHE_DTYPES` stores K/V in (None:
+    the model's dtype); a ValueError naming any other value. torch only for an FP8 one."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; expected one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    name = KV_CACHE_DTYPES[kv_cache_dtype]
+    if name is None:
+        return None
+    from course_lib.fp8 import fp8_format
 
-    num_kv_heads: int
-    head_dim: int
-    num_layers: int
-    dtype: torch.dtype
-    device: str | torch.device
+    return fp8_format(name)
 
 
 @dataclass(frozen=True)
@@ -70,34 +70,21 @@ class CacheConfig:
             if not self.prefix_caching:
                 raise ValueError(f"cpu_tier_bytes={self.cpu_tier_bytes} needs "
                                  f"prefix_caching=True")
-        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; expected one "
-                             f"of {', '.join(KV_CACHE_DTYPES)}")
+        kv_format(self.kv_cache_dtype)
 
-    @property
-    def kv_format(self) -> FP8Format | None:
-        """The FP8 format the K/V are stored in, or None for the model's dtype."""
-        name = KV_CACHE_DTYPES[self.kv_cache_dtype]
-        if name is None:
-            return None
-        from course_lib.fp8 import fp8_format  # torch, only for an FP8 cache
-
-        return fp8_format(name)
-
-    def make_pool(self, *, kv: KVTensors | None = None, rollback: bool = False,
-                  block_bytes: int | None = None, record_evictions: bool = False) -> BlockPool:
-        """The pool this configuration describes: with ``kv`` it owns K/V tensors (FP8 ones
-        for an FP8 ``kv_cache_dtype``, whatever ``kv.dtype`` says); with
+    def make_pool(self, *, rollback: bool = False, block_bytes: int | None = None,
+                  record_evictions: bool = False, **kv: Any) -> BlockPool:
+        """The pool this configuration describes: ``kv`` are ``BlockPool``'s K/V options
+        (``num_kv_heads``, ``head_dim``, ``num_layers``, ``dtype``, ``device``), the
+        ``dtype`` an FP8 one for an FP8 ``kv_cache_dtype`` whatever ``kv`` says; with
         ``rollback`` its changes can be undone (``course_lib.rollback``, the engine's step).
         A tiered pool (one with a CPU tier) weighs a block at ``block_bytes`` when it owns
         no K/V, and with ``record_evictions`` lists the hashes it evicts (the cluster's
         router reads them)."""
-        options: dict[str, Any] = {"free_order": self.free_order}
-        if kv is not None:
-            fmt = self.kv_format
-            options.update(num_kv_heads=kv.num_kv_heads, head_dim=kv.head_dim,
-                           num_layers=kv.num_layers, device=kv.device,
-                           dtype=kv.dtype if fmt is None else fmt.dtype)
+        options: dict[str, Any] = {**kv, "free_order": self.free_order}
+        fmt = kv_format(self.kv_cache_dtype)
+        if fmt is not None:
+            options["dtype"] = fmt.dtype
         if self.cpu_tier_bytes is not None:
             pool_type: type[BlockPool] = TieredBlockPool
             options.update(tier=CpuTier(self.cpu_tier_bytes), block_bytes=block_bytes,

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_lib.cache_config import CacheConfig, KVTensors
+from course_lib.cache_config import CacheConfig
 from course_lib.cluster import ClusterConfig, Replica
 from course_lib.free_queue import FREE_ORDERS
 from course_lib.paged import BlockPool
@@ -40,8 +40,9 @@ def test_the_pool_is_what_the_configuration_says(blocks, size, caching, order, t
                                                  rollback, tensors) -> None:
     tier = tier if caching else None
     config = CacheConfig(blocks, size, caching, order, tier)
-    kv = KVTensors(2, 4, 3, torch.float32, "cpu") if tensors else None
-    pool = config.make_pool(kv=kv, rollback=rollback, block_bytes=None if tensors else 64)
+    kv = {"num_kv_heads": 2, "head_dim": 4, "num_layers": 3, "dtype": torch.float32,
+          "device": "cpu"} if tensors else {}
+    pool = config.make_pool(rollback=rollback, block_bytes=None if tensors else 64, **kv)
     kind = TieredBlockPool if tier is not None else (
         PrefixCachingBlockPool if caching else BlockPool)
     assert isinstance(pool, kind) and isinstance(pool, UndoablePool) == rollback

@@ -35,7 +35,7 @@ import torch
 
 from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
-from course_lib.cache_config import CacheConfig, KVTensors
+from course_lib.cache_config import CacheConfig, kv_format
 from course_lib.engine.kv_quant import kv_quantization
 from course_lib.engine.model import LlamaModel
 from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
@@ -156,7 +156,7 @@ class PagedEngine:
                             kv_cache_dtype)
         _check_decode_attention(model, decode_attention)
         config = model.config
-        fmt = cache.kv_format
+        fmt = kv_format(kv_cache_dtype)
         if fmt is None and kv_scales is not None:
             raise ValueError(f"kv_scales are for an FP8 cache; kv_cache_dtype is "
                              f"{kv_cache_dtype!r}")
@@ -164,8 +164,9 @@ class PagedEngine:
                                                                 kv_scales)
         self.model, self.tokenizer = model, tokenizer
         self.scheduler_config, self.decode_attention = scheduler, decode_attention
-        pool = cache.make_pool(rollback=True, kv=KVTensors(
-            config.num_kv_heads, config.head_dim, config.num_layers, model.dtype, model.device))
+        pool = cache.make_pool(rollback=True, num_kv_heads=config.num_kv_heads,
+                               head_dim=config.head_dim, num_layers=config.num_layers,
+                               dtype=model.dtype, device=model.device)
         self.core = ServingCore(scheduler, pool, chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
         self.step_index = 0
@@ -181,7 +182,7 @@ class PagedEngine:
         (its per-layer scales cost nothing per token)."""
         check_int("budget_bytes", budget_bytes, 1)
         check_int("block_size", block_size, 1)
-        fmt = CacheConfig(2, block_size, kv_cache_dtype=kv_cache_dtype).kv_format
+        fmt = kv_format(kv_cache_dtype)
         per_token = model.config.kv_bytes_per_token(model.dtype if fmt is None else fmt.dtype)
         return budget_bytes // (per_token * block_size)
 
