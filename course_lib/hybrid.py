@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from course_lib.kv_math import HybridModel, blocks_needed
-from course_lib.paged import NULL_BLOCK, BlockPool, OutOfBlocks, SequenceLookup, _count_and_ids
+from course_lib.paged import NULL_BLOCK, BlockPool, SequenceLookup, _count_and_ids, _pool_snapshot
 from course_lib.prefix_cache import (
     BlockHash,
     PrefixCacheStats,
     PrefixCachingBlockPool,
-    block_hashes,
+    _prompt_chain,
     check_block_hash,
     check_block_hashes,
     extend_chain,
     hash_block_tokens,
 )
-from course_lib.snapshot import BlockView, PoolSnapshot
+from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import check_int, check_list, describe
 
 
@@ -181,19 +181,6 @@ class HybridKVManager(SequenceLookup):
             self._queries, self._query_tokens, self._hit_tokens = counts
         return undo
 
-    @property
-    def sequences(self) -> tuple[str, ...]:
-        """Live sequence ids, oldest first."""
-        return tuple(self._seqs)
-
-    def holds(self, seq_id: str) -> bool:
-        """Whether ``seq_id`` is a live sequence here."""
-        return seq_id in self._seqs
-
-    def seq_len(self, seq_id: str) -> int:
-        """Tokens in ``seq_id``."""
-        return self._get(seq_id).length
-
     def block_tables(self, seq_id: str) -> tuple[tuple[int, ...], ...]:
         """Each group's block table for ``seq_id`` (null where a window block was freed)."""
         return tuple(tuple(table) for table in self._get(seq_id).tables)
@@ -308,14 +295,9 @@ class HybridKVManager(SequenceLookup):
             raise ValueError(f"cache_salt must be a str or None, got {cache_salt!r}")
         length, ids = _count_and_ids(num_tokens, token_ids, default=0)
         hashes: list[BlockHash] = []
-        hit: tuple[tuple[int, ...], ...] = tuple(() for _ in self.windows)
         if ids is not None and self.caching:
-            known = check_block_hashes("known", known)
-            if len(known) > length // self.block_size:
-                raise ValueError(f"{len(known)} known hashes for {length} tokens, more than "
-                                 f"their full blocks")
-            hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt, known=known)
-            hit = self.cache_hit(hashes[: max(length - 1, 0) // self.block_size])
+            hashes = _prompt_chain(ids, self.block_size, cache_salt, known)
+        hit = self.cache_hit(hashes[: max(length - 1, 0) // self.block_size])  # empty: no hit
         self._require_free(self.claim_cost([(hit, length)]))
         self._touch(hit)
         size = blocks_needed(length, self.block_size)
@@ -336,11 +318,7 @@ class HybridKVManager(SequenceLookup):
         """Extend a sequence by ``num_tokens`` (default 1) or ``token_ids``: first each
         window group hands back the blocks the new chunk will not read, then each group
         copies a shared, partly filled last block and takes the blocks it needs."""
-        seq = self._get(seq_id)
-        if (token_ids is None) != (seq.token_ids is None):
-            tracked = "tracks" if seq.token_ids is not None else "does not track"
-            raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
-        count, ids = _count_and_ids(num_tokens, token_ids, default=1)
+        seq, count, ids = self._get_extension(seq_id, num_tokens, token_ids)
         end = seq.length + count
         self._require_free(self.claim_cost([(seq_id, end)]))
         self._free_outside_window(seq)
@@ -385,32 +363,11 @@ class HybridKVManager(SequenceLookup):
         """The pool now, each block owned by ``table_name(sequence, group, window)``, so a
         drawing colours each group of each sequence apart; tables are listed under the same
         names (``request_of`` gives a name's sequence back)."""
-        fill: dict[int, int] = {}
-        owners: dict[int, list[str]] = {}
-        tables: dict[str, tuple[int, ...]] = {}
-        lens: dict[str, int] = {}
-        for seq_id, seq in self._seqs.items():
-            for group, table in enumerate(seq.tables):
-                name = table_name(seq_id, group, self.windows[group])
-                tables[name], lens[name] = tuple(table), seq.length
-                for index, block_id in enumerate(table):
-                    if block_id != NULL_BLOCK:
-                        used = min(self.block_size, seq.length - index * self.block_size)
-                        fill[block_id] = max(fill.get(block_id, 0), used)
-                        owners.setdefault(block_id, []).append(name)
-        events = self.pool.take_events()
-        blocks = tuple(
-            BlockView(block_id, fill.get(block_id, 0), tuple(owners.get(block_id, ())),
-                      self.pool.ref_count(block_id), self._hash_hex(block_id),
-                      events.get(block_id), block_id == NULL_BLOCK)
-            for block_id in range(self.pool.num_blocks))
-        return PoolSnapshot(self.block_size, blocks, tables, lens, label)
+        tables = {table_name(seq_id, group, self.windows[group]): (table, seq.length)
+                  for seq_id, seq in self._seqs.items() for group, table in enumerate(seq.tables)}
+        return _pool_snapshot(self.pool, tables, self._hash_hex, label, free_cached_tokens=0)
 
     # --- helpers ----------------------------------------------------------------------
-
-    def _require_free(self, needed: int) -> None:
-        if needed > self.pool.num_free:
-            raise OutOfBlocks(needed, self.pool.num_free)
 
     def _touch(self, hit: Sequence[Sequence[int]]) -> None:
         """Take a reference on every cached block of a hit (reviving free ones)."""

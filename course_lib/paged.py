@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,20 +95,10 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self.free_queue: FreeBlockQueue = FREE_ORDERS[free_order](range(1, num_blocks))
         self._events: dict[int, BlockEvent] = {}
-        self._kv = self._make_kv(num_kv_heads, head_dim, num_layers, dtype, device)
-
-    def _make_kv(
-        self,
-        num_kv_heads: int | None,
-        head_dim: int | None,
-        num_layers: int,
-        dtype: torch.dtype | None,
-        device: str | torch.device,
-    ) -> torch.Tensor | None:
-        """The ``[layers, blocks, 2, B, H, D]`` tensor, or None for a bookkeeping-only pool."""
         check_int("num_layers", num_layers, 1)
+        self._kv: torch.Tensor | None = None  # [layers, blocks, 2, B, H, D] when owned
         if num_kv_heads is None and head_dim is None:
-            return None
+            return
         if num_kv_heads is None or head_dim is None:
             raise ValueError(
                 f"give both num_kv_heads and head_dim to own K/V tensors, "
@@ -124,7 +114,7 @@ class BlockPool:
             check_int("num_kv_heads", num_kv_heads, 1),
             check_int("head_dim", head_dim, 1),
         )
-        return torch.zeros(shape, dtype=dtype or torch.float16, device=device)
+        self._kv = torch.zeros(shape, dtype=dtype or torch.float16, device=device)
 
     # --- block ids and reference counts -------------------------------------------------
 
@@ -315,13 +305,9 @@ def _count_and_ids(
     if token_ids is None:
         return default if num_tokens is None else num_tokens, None
     ids = check_list("token_ids", token_ids)
-    if type(token_ids) is range:  # ints by construction, bounded by its ends
-        ends = ids[:1] + ids[-1:]
-        valid = not ids or (min(ends) >= 0 and max(ends) < TOKEN_ID_LIMIT)
-    else:  # the fast path; the loop below names a bad id
-        ends = ids
-        valid = _are_token_ids(ids)
-    if not valid:
+    # a range's ids are ints by construction, bounded by its ends
+    ends = ids[:1] + ids[-1:] if type(token_ids) is range else ids
+    if not _are_token_ids(ends):  # the fast path; the loop below names a bad id
         for token in ends:
             if check_int("token id", token, 0) >= TOKEN_ID_LIMIT:
                 raise ValueError(f"token id must be below 2**64, got {token!r}")
@@ -362,10 +348,74 @@ def _kv_rows(
     return tensor.detach().to(device=kv.device, dtype=kv.dtype)
 
 
+def _pool_snapshot(
+    pool: BlockPool,
+    tables: dict[str, tuple[list[int], int]],
+    cached_hash: Callable[[int], str | None],
+    label: str,
+    free_cached_tokens: int,
+) -> PoolSnapshot:
+    """``pool`` now under ``tables`` (a name for each block table: the table and its tokens),
+    with what happened to each block since the previous snapshot. A block carrying a hash
+    (``cached_hash``: its hex, or None) that no table holds shows ``free_cached_tokens``."""
+    fill = _block_fill(tables.values(), pool.block_size)
+    owners: dict[int, list[str]] = {}
+    for name, (table, _) in tables.items():
+        for block_id in table:
+            if block_id != NULL_BLOCK:
+                owners.setdefault(block_id, []).append(name)
+    events = pool.take_events()
+    blocks = []
+    for block_id in range(pool.num_blocks):
+        cached = cached_hash(block_id)
+        blocks.append(BlockView(
+            block_id=block_id,
+            tokens=fill.get(block_id, free_cached_tokens if cached else 0),
+            owners=tuple(owners.get(block_id, ())),
+            ref_count=pool.ref_count(block_id),
+            cached_hash=cached,
+            event=events.get(block_id),
+            is_null=block_id == NULL_BLOCK,
+        ))
+    return PoolSnapshot(
+        block_size=pool.block_size,
+        blocks=tuple(blocks),
+        tables={name: tuple(table) for name, (table, _) in tables.items()},
+        seq_lens={name: length for name, (_, length) in tables.items()},
+        label=label,
+    )
+
+
+def _block_fill(tables: Iterable[tuple[list[int], int]], size: int) -> dict[int, int]:
+    """Token slots written in each block of ``tables`` (block tables and their tokens; null
+    entries skipped), the most that any table holding the block has written."""
+    fill: dict[int, int] = {}
+    for table, length in tables:
+        for index, block_id in enumerate(table):
+            if block_id != NULL_BLOCK:
+                fill[block_id] = max(fill.get(block_id, 0), min(size, length - index * size))
+    return fill
+
+
 class SequenceLookup:
-    """Live sequences by id (``self._seqs``): the lookups every KV-cache manager makes."""
+    """Live sequences by id (``self._seqs``) over a pool (``self.pool``): the lookups and
+    checks every KV-cache manager makes."""
 
     _seqs: dict[str, Any]
+    pool: BlockPool
+
+    @property
+    def sequences(self) -> tuple[str, ...]:
+        """Live sequence ids, oldest first."""
+        return tuple(self._seqs)
+
+    def holds(self, seq_id: str) -> bool:
+        """Whether ``seq_id`` is a live sequence here."""
+        return seq_id in self._seqs
+
+    def seq_len(self, seq_id: str) -> int:
+        """Tokens in ``seq_id``."""
+        return self._get(seq_id).length
 
     def _get(self, seq_id: str) -> Any:
         """The state of a live sequence, else a ValueError naming the id."""
@@ -380,6 +430,23 @@ class SequenceLookup:
             raise ValueError(f"sequence id must be a str, got {seq_id!r}")
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already exists")
+
+    def _get_extension(
+        self, seq_id: str, num_tokens: int | None, token_ids: Iterable[int] | None
+    ) -> tuple[Any, int, list[int] | None]:
+        """A live sequence and what an append to it brings (``_count_and_ids``), given the
+        way it was added: with token ids if it tracks them, else without."""
+        seq = self._get(seq_id)
+        if (token_ids is None) != (seq.token_ids is None):
+            tracked = "tracks" if seq.token_ids is not None else "does not track"
+            raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
+        count, ids = _count_and_ids(num_tokens, token_ids, default=1)
+        return seq, count, ids
+
+    def _require_free(self, needed: int) -> None:
+        """Raise ``OutOfBlocks`` unless the pool can hand out ``needed`` blocks now."""
+        if needed > self.pool.num_free:
+            raise OutOfBlocks(needed, self.pool.num_free)
 
 
 class PagedKVManager(SequenceLookup):
@@ -401,11 +468,6 @@ class PagedKVManager(SequenceLookup):
     def block_size(self) -> int:
         """Tokens per block."""
         return self.pool.block_size
-
-    @property
-    def sequences(self) -> tuple[str, ...]:
-        """Live sequence ids, oldest first."""
-        return tuple(self._seqs)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks a sequence of ``num_tokens`` tokens holds in this pool."""
@@ -434,11 +496,7 @@ class PagedKVManager(SequenceLookup):
         filled and shared, it is copied first (copy-on-write); its last holder writes in
         place.
         """
-        seq = self._get(seq_id)
-        if (token_ids is None) != (seq.token_ids is None):
-            tracked = "tracks" if seq.token_ids is not None else "does not track"
-            raise ValueError(f"sequence {seq_id!r} {tracked} token ids; extend it the same way")
-        count, ids = _count_and_ids(num_tokens, token_ids, default=1)
+        seq, count, ids = self._get_extension(seq_id, num_tokens, token_ids)
         self._grow(seq, count, ids)
 
     def _append_positions(self, seq_id: str, token_ids: Sequence[int]) -> None:
@@ -496,10 +554,6 @@ class PagedKVManager(SequenceLookup):
         del self._seqs[seq_id]
         self.pool._free_checked(seq.table[::-1])
 
-    def holds(self, seq_id: str) -> bool:
-        """Whether ``seq_id`` is a live sequence here."""
-        return seq_id in self._seqs
-
     def block_table(self, seq_id: str) -> tuple[int, ...]:
         """Physical block of each logical block of ``seq_id``."""
         return tuple(self._get(seq_id).table)
@@ -512,47 +566,21 @@ class PagedKVManager(SequenceLookup):
             raise ValueError(f"sequence {seq_id!r} holds no block")
         return table[-1]
 
-    def seq_len(self, seq_id: str) -> int:
-        """Tokens in ``seq_id``."""
-        return self._get(seq_id).length
-
     def utilization(self) -> float:
         """U_paged over all sequences: token slots in use / (blocks in use x B); 0.0 if none.
 
         A shared block counts once, so sharing raises it instead of pushing it past 1.
         """
-        fill = self._block_fill()
+        fill = _block_fill([(seq.table, seq.length) for seq in self._seqs.values()],
+                           self.block_size)
         return sum(fill.values()) / (len(fill) * self.block_size) if fill else 0.0
 
     def snapshot(self, label: str = "") -> PoolSnapshot:
         """The pool now, with what happened to each block since the previous snapshot."""
         if not isinstance(label, str):
             raise ValueError(f"label must be a str, got {label!r}")
-        fill = self._block_fill()
-        owners: dict[int, list[str]] = {}
-        for seq_id, seq in self._seqs.items():
-            for block_id in seq.table:
-                owners.setdefault(block_id, []).append(seq_id)
-        events = self.pool.take_events()
-        blocks = []
-        for block_id in range(self.pool.num_blocks):
-            cached = self._cached_hash(block_id)
-            blocks.append(BlockView(
-                block_id=block_id,
-                tokens=fill.get(block_id, self.block_size if cached else 0),
-                owners=tuple(owners.get(block_id, ())),
-                ref_count=self.pool.ref_count(block_id),
-                cached_hash=cached,
-                event=events.get(block_id),
-                is_null=block_id == NULL_BLOCK,
-            ))
-        return PoolSnapshot(
-            block_size=self.block_size,
-            blocks=tuple(blocks),
-            tables={s: tuple(q.table) for s, q in self._seqs.items()},
-            seq_lens={s: q.length for s, q in self._seqs.items()},
-            label=label,
-        )
+        tables = {seq_id: (seq.table, seq.length) for seq_id, seq in self._seqs.items()}
+        return _pool_snapshot(self.pool, tables, self._cached_hash, label, self.block_size)
 
     # --- K/V through the block table ----------------------------------------------------
 
@@ -588,8 +616,8 @@ class PagedKVManager(SequenceLookup):
         kv = self.pool.kv_cache(layer)
         positions = check_list("positions", positions)
         expected = (len(positions), kv.shape[3], kv.shape[4])
-        rows = [_kv_rows(name, tensor, expected, kv) for name, tensor in
-                (("key", key), ("value", value))]
+        key_rows = _kv_rows("key", key, expected, kv)
+        value_rows = _kv_rows("value", value, expected, kv)
         slots = self.slot_mapping(seq_id, positions)
         if len(set(slots)) != len(slots):
             raise ValueError(f"positions {positions!r} name a token more than once")
@@ -601,7 +629,6 @@ class PagedKVManager(SequenceLookup):
                 )
         index = torch.tensor(slots, dtype=torch.long, device=kv.device)
         blocks, offsets = index // self.block_size, index % self.block_size
-        key_rows, value_rows = rows
         kv[blocks, 0, offsets] = key_rows
         kv[blocks, 1, offsets] = value_rows
 
@@ -651,21 +678,6 @@ class PagedKVManager(SequenceLookup):
     def _install(self, seq_id: str, table: list[int], length: int, ids: list[int] | None) -> None:
         """Record a new sequence whose blocks are already held."""
         self._seqs[seq_id] = _Sequence(table, length, ids)
-
-    def _require_free(self, needed: int) -> None:
-        """Raise ``OutOfBlocks`` unless the pool can hand out ``needed`` blocks now."""
-        if needed > self.pool.num_free:
-            raise OutOfBlocks(needed, self.pool.num_free)
-
-    def _block_fill(self) -> dict[int, int]:
-        """Token slots written in each block some sequence holds."""
-        fill: dict[int, int] = {}
-        size = self.block_size
-        for seq in self._seqs.values():
-            for index, block_id in enumerate(seq.table):
-                used = min(size, seq.length - index * size)
-                fill[block_id] = max(fill.get(block_id, 0), used)
-        return fill
 
     def _cached_hash(self, block_id: int) -> str | None:
         """Hex hash of a cached block, for snapshots; no block is cached without caching."""

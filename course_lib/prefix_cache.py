@@ -99,6 +99,18 @@ def block_hashes(
     return hashes
 
 
+def _prompt_chain(
+    token_ids: list[int], block_size: int, cache_salt: str | None, known: Sequence[BlockHash]
+) -> list[BlockHash]:
+    """``block_hashes`` of a new sequence's checked ``token_ids``, once ``known`` (the hashes
+    its caller already computed for a prefix) is checked: no more than its full blocks."""
+    known = check_block_hashes("known", known)
+    if len(known) > len(token_ids) // block_size:
+        raise ValueError(f"{len(known)} known hashes for {len(token_ids)} tokens, more than "
+                         f"their full blocks")
+    return block_hashes(token_ids, block_size, cache_salt=cache_salt, known=known)
+
+
 def extend_chain(
     hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, cache_salt: str | None
 ) -> None:
@@ -341,11 +353,7 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().add_sequence(seq_id, num_tokens)
         length, ids = self._new_sequence_args(seq_id, num_tokens, token_ids)
         assert ids is not None
-        known = check_block_hashes("known", known)
-        if len(known) > length // self.block_size:
-            raise ValueError(f"{len(known)} known hashes for {length} tokens, more than "
-                             f"their full blocks")
-        hashes = block_hashes(ids, self.block_size, cache_salt=cache_salt, known=known)
+        hashes = _prompt_chain(ids, self.block_size, cache_salt, known)
         hit = self.pool._cached_prefix(hashes[: max(length - 1, 0) // self.block_size])
         revived = self.pool._num_unheld(hit)
         fresh = self.blocks_needed(length) - len(hit)
@@ -399,9 +407,7 @@ class PrefixCachingKVManager(PagedKVManager):
     def free_sequence(self, seq_id: str) -> None:
         """Free as ``PagedKVManager`` does (its full blocks cached first); cached blocks stay
         findable until evicted."""
-        self._get(seq_id)
-        if seq_id in self._hashes:
-            self._cache_full_blocks(seq_id)
+        self.cache_full_blocks(seq_id)
         super().free_sequence(seq_id)
         self._salts.pop(seq_id, None)
         self._hashes.pop(seq_id, None)

@@ -129,12 +129,7 @@ class CpuTier:
 
     def prefix(self, hashes: Sequence[BlockHash]) -> int:
         """How many of the leading ``hashes`` the tier holds (a lookup; nothing moves)."""
-        count = 0
-        for block_hash in hashes:
-            if block_hash not in self._entries:
-                break
-            count += 1
-        return count
+        return next((i for i, h in enumerate(hashes) if h not in self._entries), len(hashes))
 
     def fetch(self, hashes: Iterable[BlockHash]) -> list[Any]:
         """The payloads of ``hashes`` (all held, else nothing changes and ValueError), each
