@@ -35,7 +35,15 @@ from course_lib.paged import BlockPool
 from course_lib.prefix_cache import BlockHash, block_hashes
 from course_lib.router import Arrival, PrefixIndex, Router, make_router
 from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
-from course_lib.simulator import ROOFLINE_COSTS, Positions, SimConfig
+from course_lib.simulator import (
+    ROOFLINE_COSTS,
+    PagedMemory,
+    ScheduleCounts,
+    SimConfig,
+    core_request,
+    percentiles,
+    rejected_requests,
+)
 from course_lib.tier import TieredBlockPool, TierStats, tier_stats
 from course_lib.validate import check_int, check_non_negative_number, describe
 from course_lib.workload import Request, check_trace_size, validate_trace
@@ -195,7 +203,7 @@ class _Tally:
     resumed: bool = False
 
 
-class Replica:
+class Replica(ScheduleCounts):
     """One simulated server: a lazy serving core over a paged pool (with a CPU tier
     when configured) and the bookkeeping that turns its steps into the simulator's metrics.
     With ``record_evictions`` its prefix cache lists the hashes it evicts, for the router's
@@ -204,6 +212,7 @@ class Replica:
 
     def __init__(self, config: ClusterConfig, *, record_evictions: bool = False) -> None:
         server = config.server
+        super().__init__(server)
         self.config, self.server = config, server
         tier = config.tier_bytes if server.prefix_caching else None  # 0: counts lookups
         cache = replace(server.cache_config(), cpu_tier_bytes=tier)
@@ -216,8 +225,7 @@ class Replica:
         self.running: list[int] = []  # requests running after each step
         self.t = 0  # the clock step this replica runs next (those before it are accounted)
         self.base = 0  # sum of (len0 - t0) over the running requests
-        self.steps = self.output = self.prefilled = self.preemptions = 0
-        self.recomputed = self.reused = self.swapped_bytes = 0
+        self.steps = self.output = self.prefilled = 0
 
     @property
     def load(self) -> int:
@@ -227,16 +235,12 @@ class Replica:
     def add(self, i: int, request: Request, chain: Sequence[BlockHash] = ()) -> None:
         """Queue trace request ``i``, ``chain`` the hashes of its prompt's full blocks
         (``_ClusterRun._prompt_chain``; with prefix caching the core hashes only the rest)."""
-        p = request.prompt_len
         if request.token_ids is None:
-            prompt: Sequence[int] = range(p + 1)
-            tokens: Any = Positions(p + 1)
-            salt: str | None = f"simulated request {request.id}"
+            queued = core_request(len(self.index), request)
         else:
-            prompt = (*request.token_ids, p)
-            tokens, salt = list(prompt), None
-        queued = ServingRequest(len(self.index), prompt, request.output_len, request.priority,
-                                [Sample(str(request.id), tokens)], cache_salt=salt)
+            prompt = (*request.token_ids, request.prompt_len)
+            queued = ServingRequest(len(self.index), prompt, request.output_len,
+                                    request.priority, [Sample(str(request.id), list(prompt))])
         self.core.add(queued, known_hashes=chain if self.server.prefix_caching else ())
         self.index.append(i)
         self.tally[i] = _Tally()
@@ -273,11 +277,10 @@ class Replica:
         append the requests it admitted; return those it finished."""
         core = self.core
         schedule = core.schedule()
-        swapped = [0, 0]  # blocks and bytes across PCIe in this step
+        self.step_swapped = [0, 0]
         for request_id in schedule.preempted:
-            self._preempted(self.index[request_id], schedule.swapped_out.get(request_id),
-                            swapped)
-        prefilled = sum(self._admitted(chunk, schedule, t, swapped, admitted)
+            self._preempted(self.index[request_id], schedule.swapped_out.get(request_id))
+        prefilled = sum(self._admitted(chunk, schedule, t, admitted)
                         for chunk in schedule.chunks if not chunk.decode)
         batch = len(core.scheduler.running)
         if batch:
@@ -285,7 +288,8 @@ class Replica:
             self.output += batch
         self.prefilled += prefilled
         self.step_seconds.append(self.server.costs.step_time(
-            (self.base + batch * (t + 1)) * self.server.bytes_per_token, prefilled, *swapped))
+            (self.base + batch * (t + 1)) * self.server.bytes_per_token, prefilled,
+            *self.step_swapped))
         finished = []
         for request in core.retire(core.advance(schedule)):
             i = self.index[request.request_id]
@@ -295,43 +299,24 @@ class Replica:
         self.t = t + 1
         return finished
 
-    def _admitted(self, chunk: Chunk, schedule: Schedule, t: int, swapped: list[int],
+    def _admitted(self, chunk: Chunk, schedule: Schedule, t: int,
                   admitted: list[tuple[int, ServingRequest]]) -> int:
         """Book an admission's chunk (new, resumed or swapped in) as the single-server
         simulator does; return the tokens it prefills (the step's own token excluded)."""
         i = self.index[chunk.request.request_id]
-        tally, prefilled = self.tally[i], 0
-        if tally.resumed:
-            self.reused += len(chunk.hit or ()) * self.server.block_size
-        swapped_in = schedule.swapped_in.get(chunk.request.request_id)
-        if swapped_in is not None:
-            self._count_swap(swapped_in, swapped)
-        else:
-            prefilled = chunk.count - 1
-            if tally.resumed:
-                self.recomputed += prefilled
-        if chunk.loaded:
-            self._count_swap(chunk.loaded, swapped)
+        tally = self.tally[i]
+        prefilled = self._count_admission(chunk, schedule, tally.resumed)
         tally.len0, tally.t0, tally.resumed = chunk.start + chunk.count - 1, t, False
         self.base += tally.len0 - t
         admitted.append((i, chunk.request))
         return prefilled
 
-    def _preempted(self, i: int, swapped_blocks: int | None, swapped: list[int]) -> None:
+    def _preempted(self, i: int, swapped_blocks: int | None) -> None:
         """Request ``i`` was pushed out (to swap space with ``swapped_blocks``)."""
         tally = self.tally[i]
         self.base -= tally.len0 - tally.t0
         tally.resumed = True
-        self.preemptions += 1
-        if swapped_blocks is not None:
-            self._count_swap(swapped_blocks, swapped)
-
-    def _count_swap(self, blocks: int, swapped: list[int]) -> None:
-        """``blocks`` blocks crossed PCIe in this step (swap, or a copy back from the tier)."""
-        moved = blocks * self.config.block_bytes
-        swapped[0] += blocks
-        swapped[1] += moved
-        self.swapped_bytes += moved
+        self._count_preemption(swapped_blocks)
 
     def drain_evictions(self) -> list[BlockHash]:
         """Hashes evicted since the last call that the GPU cache no longer holds."""
@@ -358,22 +343,6 @@ def _sessions(trace: Sequence[Request]) -> list[int]:
     return [root[r.id] for r in trace]
 
 
-def _rejections(trace: Sequence[Request], server: SimConfig) -> dict[int, str]:
-    """Requests that could never run even alone, and the later turns of their
-    conversations (which never arrive)."""
-    usable, size = server.num_blocks - 1, server.block_size
-    reasons: dict[int, str] = {}
-    for r in trace:
-        need = -(-r.total_len // size)
-        if r.follows is not None and r.follows in reasons:
-            reasons[r.id] = f"follows rejected request {r.follows}"
-        elif r.total_len > server.max_len:
-            reasons[r.id] = f"needs {r.total_len} tokens, above max_len={server.max_len}"
-        elif need > usable:
-            reasons[r.id] = f"needs {need} blocks of {size}, the pool has {usable}"
-    return reasons
-
-
 def simulate_cluster(requests: Iterable[Request], config: ClusterConfig | None = None, *,
                      progress: bool = False, observer: Any = None) -> ClusterResult:
     """Run the trace on the cluster to completion and return its metrics.
@@ -397,22 +366,20 @@ class _ClusterRun:
     def __init__(self, trace: list[Request], config: ClusterConfig, progress: bool,
                  observer: Any) -> None:
         self.trace, self.config, self.observer = trace, config, observer
-        self.rejections = _rejections(trace, config.server)
-        if len(self.rejections) == len(trace):
-            rid, reason = next(iter(self.rejections.items()))
-            raise ValueError(f"every request was rejected, e.g. request {rid}: {reason}")
+        self.router = config.router()
+        self.router.start(config.replicas)
+        self.replicas = [Replica(config, record_evictions=self.router.uses_prefix_hits)
+                         for _ in range(config.replicas)]
+        memory = PagedMemory(config.server, self.replicas[0].pool)  # every replica's alike
+        self.rejections = rejected_requests(trace, config.server.max_len, memory)
         self.position = {r.id: i for i, r in enumerate(trace)}
         self.followers: dict[int, list[int]] = {}
         for i, r in enumerate(trace):
             if r.follows is not None and r.id not in self.rejections:
                 self.followers.setdefault(self.position[r.follows], []).append(i)
         self.sessions = _sessions(trace)
-        self.router = config.router()
-        self.router.start(config.replicas)
         self.index = PrefixIndex(config.replicas, config.server.block_size)
         self.routed = 0  # requests routed so far
-        self.replicas = [Replica(config, record_evictions=self.router.uses_prefix_hits)
-                         for _ in range(config.replicas)]
         n = len(trace)
         self.replica_of, self.arrival = [-1] * n, [-1] * n
         self.first, self.done = [-1] * n, [-1] * n
@@ -532,10 +499,8 @@ class _ClusterRun:
                         - starts[self.replica_of[i]][self.arrival[i]] for i in order])
         ttft_steps = np.array([self.first[i] + 1 - self.arrival[i] for i in order])
         e2e_steps = np.array([self.done[i] + 1 - self.arrival[i] for i in order])
-        counts = [0] * config.replicas
-        for i in order:
-            counts[self.replica_of[i]] += 1
-        results = tuple(rep.result(n) for rep, n in zip(self.replicas, counts, strict=True))
+        counts = np.bincount([self.replica_of[i] for i in order], minlength=config.replicas)
+        results = tuple(rep.result(int(n)) for rep, n in zip(self.replicas, counts, strict=True))
         running = np.array([r.running for r in self.replicas])
         busiest, mean = running.max(axis=0).sum(), running.mean(axis=0).sum()
         caches = [r.cache for r in results if r.cache is not None]
@@ -554,8 +519,8 @@ class _ClusterRun:
             "clock_steps": steps,
             "batch_steps": sum(r.steps for r in results),
             "seconds": max(r.seconds for r in results),
-            **_percentiles("ttft_steps", ttft_steps), **_percentiles("e2e_steps", e2e_steps),
-            **_percentiles("ttft", ttft), **_percentiles("e2e", e2e),
+            **percentiles("ttft_steps", ttft_steps), **percentiles("e2e_steps", e2e_steps),
+            **percentiles("ttft", ttft), **percentiles("e2e", e2e),
             "seconds_per_chat": float(e2e.mean()),
         }
         return ClusterResult(
@@ -563,12 +528,6 @@ class _ClusterRun:
             arrival=tuple(self.arrival), first_step=tuple(self.first),
             done_step=tuple(self.done), ttft=tuple(float(x) for x in ttft),
             e2e=tuple(float(x) for x in e2e), rejections=dict(self.rejections))
-
-
-def _percentiles(name: str, values: np.ndarray) -> dict[str, float]:
-    """``p50_<name>`` and ``p99_<name>`` of ``values``."""
-    return {f"p50_{name}": float(np.percentile(values, 50)),
-            f"p99_{name}": float(np.percentile(values, 99))}
 
 
 def tier_study(requests: Sequence[Request], config: ClusterConfig,

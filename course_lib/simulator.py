@@ -66,7 +66,7 @@ from course_lib.lazy_serving import LazyServingCore
 from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import BlockPool, FreeOrder
 from course_lib.scheduler import Scheduler, SchedulerConfig
-from course_lib.serving import Sample, Schedule, ServingRequest
+from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import (
@@ -433,7 +433,7 @@ class SimResult:
         return run.core.manager.snapshot(label=f"step {step}")
 
 
-class _SlabMemory:
+class SlabMemory:
     """The step loop's view of a contiguous arena."""
 
     def __init__(self, config: SimConfig) -> None:
@@ -479,7 +479,7 @@ class _SlabMemory:
         return need, stranded, self.arena.num_free >= need > self.arena.largest_gap
 
 
-class _PagedMemory:
+class PagedMemory:
     """The metrics' view of a paged pool (the serving core's): how much of it requests
     hold, and why a request could never fit."""
 
@@ -508,7 +508,7 @@ class _PagedMemory:
         return (length + self.block_size) // self.block_size * self.block_size, 0, False
 
 
-class _HybridMemory(_PagedMemory):
+class HybridMemory(PagedMemory):
     """The metrics' view of a pool shared by ``groups`` KV-cache groups: a request holds
     blocks in every group, and a slot is one token of one group's page."""
 
@@ -608,33 +608,95 @@ class _Tally:
     preempted_at: int = -1
 
 
-class _Run:
+class ScheduleCounts:
+    """What a paged run and a cluster's replica (``course_lib.cluster.Replica``) count from
+    the serving core's schedules alike: preemptions, the tokens a resumed request
+    recomputed or found still cached, and the blocks that crossed PCIe (swaps in either
+    direction, copies back from a CPU tier), in the current step and in all. A contiguous
+    run keeps them at zero."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.preemptions = self.recomputed = self.swapped_bytes = 0
+        self.reused = 0  # prefix caching: tokens resumed requests found cached
+        self.step_swapped = [0, 0]  # blocks and bytes moved in the current step
+        self._block_size = config.block_size
+        self._block_bytes = config.block_size * config.bytes_per_token
+
+    def _count_swap(self, blocks: int) -> None:
+        """Add one transfer of ``blocks`` blocks (in either direction) to the step."""
+        moved = blocks * self._block_bytes
+        self.swapped_bytes += moved
+        self.step_swapped[0] += blocks
+        self.step_swapped[1] += moved
+
+    def _count_preemption(self, swapped_blocks: int | None) -> None:
+        """One request pushed out (to swap space, if it took ``swapped_blocks``)."""
+        self.preemptions += 1
+        if swapped_blocks is not None:
+            self._count_swap(swapped_blocks)
+
+    def _count_admission(self, chunk: Chunk, schedule: Schedule, resumed: bool) -> int:
+        """Count an admission's chunk (new, ``resumed`` after a preemption, or swapped in)
+        and return the tokens it prefills (the step's own token excluded)."""
+        if resumed:
+            self.reused += len(chunk.hit or ()) * self._block_size
+        swapped_in = schedule.swapped_in.get(chunk.request.request_id)
+        prefilled = 0
+        if swapped_in is not None:
+            self._count_swap(swapped_in)
+        else:
+            prefilled = chunk.count - 1
+            if resumed:
+                self.recomputed += prefilled
+        if chunk.loaded:
+            self._count_swap(chunk.loaded)
+        return prefilled
+
+
+def rejected_requests(trace: Sequence[Request], max_len: int,
+                      memory: SlabMemory | PagedMemory) -> dict[int, str]:
+    """The requests that could never run, even alone (longer than ``max_len`` or than the
+    whole ``memory``), and the later turns of their conversations (which never arrive; a
+    cluster's trace only), each with its reason; raise if that is every request."""
+    reasons: dict[int, str] = {}
+    for request in trace:
+        if request.follows is not None and request.follows in reasons:
+            reasons[request.id] = f"follows rejected request {request.follows}"
+        elif request.total_len > max_len:
+            reasons[request.id] = f"needs {request.total_len} tokens, above max_len={max_len}"
+        elif (reason := memory.reject_reason(request.total_len)) is not None:
+            reasons[request.id] = reason
+    if len(reasons) == len(trace):
+        rid, reason = next(iter(reasons.items()))
+        raise ValueError(f"every request was rejected, e.g. request {rid}: {reason}")
+    return reasons
+
+
+def core_request(request_id: int, request: Request) -> ServingRequest:
+    """Trace ``request`` as a serving core runs it under ``request_id``: a prompt of
+    ``P + 1`` tokens (the guide's free prefill and the token its admission step writes),
+    its positions, with a cache salt of its own, and ``max_tokens=O``."""
+    length = request.prompt_len + 1
+    return ServingRequest(request_id, range(length), request.output_len, request.priority,
+                          [Sample(str(request.id), Positions(length))],
+                          cache_salt=f"simulated request {request.id}")
+
+
+class _Run(ScheduleCounts):
     """The state of one simulation; ``result`` runs the step loop, and the subclasses
     schedule a step: :class:`_SlabRun` over a contiguous arena, :class:`_PagedRun` through
     the serving core."""
 
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
+        super().__init__(config)
         self.trace, self.config, self.record, self.progress = trace, config, record, progress
         self.prompt = [r.prompt_len for r in trace]
         self.final = [r.total_len for r in trace]
         self.tally = [_Tally() for _ in trace]
         self.stalls: list[tuple[int, int, int]] = []  # (request, preempted at, resumed at)
-        self.preemptions = self.recomputed = self.swapped_bytes = 0
-        self.reused = 0  # prefix caching: tokens resumed requests found cached
-        self.step_swapped = [0, 0]  # blocks and bytes moved in the current step
         self.sum_len = self.sum_internal = 0
         self.events: list[Event] | None = [] if record == "full" else None
-        self.rejections: dict[int, str] = {}
-
-    def _reject_impossible(self, memory: _SlabMemory | _PagedMemory) -> None:
-        """List the requests that could never run, even alone."""
-        for request in self.trace:
-            reason = (f"needs {request.total_len} tokens, above max_len={self.config.max_len}"
-                      if request.total_len > self.config.max_len
-                      else memory.reject_reason(request.total_len))
-            if reason is not None:
-                self.rejections[request.id] = reason
 
     # --- the step, per memory ------------------------------------------------------------
 
@@ -691,13 +753,6 @@ class _Run:
         tally.done_step = t
         self._log(t, "finish", i, self.final[i])
 
-    def _count_swap(self, slots: int) -> None:
-        """Add one transfer of ``slots`` token slots (in either direction) to the step."""
-        moved = slots * self.config.bytes_per_token
-        self.swapped_bytes += moved
-        self.step_swapped[0] += slots // self.config.block_size
-        self.step_swapped[1] += moved
-
     # --- the loop ----------------------------------------------------------------------------
 
     def _stuck(self, t: int) -> None:
@@ -725,9 +780,6 @@ class _Run:
         trace, scheduler = self.trace, self.scheduler
         order = sorted((i for i, r in enumerate(trace) if r.id not in self.rejections),
                        key=lambda i: (trace[i].arrival, i))
-        if not order:
-            rid, reason = next(iter(self.rejections.items()))
-            raise ValueError(f"every request was rejected, e.g. request {rid}: {reason}")
         arrivals = deque(order)
         remaining = len(order)
         acc = _Accumulator(self)
@@ -777,10 +829,10 @@ class _SlabRun(_Run):
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
         super().__init__(trace, config, record, progress)
-        self.memory = _SlabMemory(config)
+        self.memory = SlabMemory(config)
         self.scheduler = Scheduler(config.scheduler, trace)
         self.finish_at: dict[int, list[int]] = {}
-        self._reject_impossible(self.memory)
+        self.rejections = rejected_requests(trace, config.max_len, self.memory)
 
     def _arrive(self, i: int) -> None:
         self.scheduler.arrive(i)
@@ -834,18 +886,13 @@ class _PagedRun(_Run):
         pool = config.cache_config().make_pool()
         self.core = LazyServingCore(config.scheduler, pool)
         self.scheduler = self.core.scheduler
-        self.memory = _PagedMemory(config, pool)
+        self.memory = PagedMemory(config, pool)
         self.index: list[int] = []  # the core's request id -> trace index
         self._pending: Schedule | None = None  # the step scheduled, not yet advanced
-        self._reject_impossible(self.memory)
+        self.rejections = rejected_requests(trace, config.max_len, self.memory)
 
     def _arrive(self, i: int) -> None:
-        request = self.trace[i]
-        queued = ServingRequest(
-            len(self.index), range(request.prompt_len + 1), request.output_len,
-            request.priority, [Sample(str(request.id), Positions(request.prompt_len + 1))],
-            cache_salt=f"simulated request {request.id}")
-        self.core.add(queued)
+        self.core.add(core_request(len(self.index), self.trace[i]))
         self.index.append(i)
 
     def waiting_head(self) -> int | None:
@@ -864,16 +911,7 @@ class _PagedRun(_Run):
                 self._grew(i, t, chunk.start, chunk.sample.seq_id)
                 continue
             length = chunk.start + chunk.count - 1  # the guide's: before the step's token
-            swapped = schedule.swapped_in.get(chunk.request.request_id)
-            resumed = self.tally[i].preempted_at >= 0
-            if resumed:
-                self.reused += len(chunk.hit or ()) * size
-            if swapped is not None:
-                self._count_swap(swapped * size)
-            else:
-                prefilled += chunk.count - 1
-                if resumed:
-                    self.recomputed += chunk.count - 1
+            prefilled += self._count_admission(chunk, schedule, self.tally[i].preempted_at >= 0)
             table = (() if self.events is None
                      else self.core.manager.block_table(chunk.sample.seq_id))
             self._admitted(i, t, length, table, -(-(length + 1) // size) * size,
@@ -897,12 +935,10 @@ class _PagedRun(_Run):
         tally = self.tally[i]
         length = tally.len0 + t - tally.t0
         tally.generated = length - self.prompt[i]
-        if swapped_blocks is not None:
-            self._count_swap(swapped_blocks * self.config.block_size)
+        self._count_preemption(swapped_blocks)
         cached = length // self.config.block_size if self.config.prefix_caching else 0
         self.sum_len -= length
         self.sum_internal -= tally.internal
-        self.preemptions += 1
         tally.preempted_at = t
         self._log(t, "preempt", i, length, cached=cached)
 
@@ -948,10 +984,10 @@ class _HybridRun(_Run):
         windows = [group.window for group in config.model.kv_cache_groups()]
         self.core = HybridServingCore(config.scheduler, pool, windows, chunked_prefill=False)
         self.scheduler = self.core.scheduler
-        self.memory = _HybridMemory(config, pool, len(windows))
+        self.memory = HybridMemory(config, pool, len(windows))
         self.index: list[int] = []  # the core's request id -> trace index
         self._pending: Schedule | None = None  # the step scheduled, not yet advanced
-        self._reject_impossible(self.memory)
+        self.rejections = rejected_requests(trace, config.max_len, self.memory)
 
     def _schedule(self, t: int) -> tuple[bool, int]:
         """The core's step ``t``, logged: preemptions, then admissions (the decodes, all
@@ -964,13 +1000,9 @@ class _HybridRun(_Run):
             if chunk.decode:
                 continue
             i = self.index[chunk.request.request_id]
-            hit = len(chunk.hit or ())
-            if self.tally[i].preempted_at >= 0:
-                self.reused += hit * self.config.block_size
-                self.recomputed += chunk.count - 1
-            prefilled += chunk.count - 1
+            prefilled += self._count_admission(chunk, schedule, self.tally[i].preempted_at >= 0)
             # slots 0: a tally counts one table's slots; _decoded counts every group's
-            self._admitted(i, t, chunk.start + chunk.count - 1, (), 0, hit)
+            self._admitted(i, t, chunk.start + chunk.count - 1, (), 0, len(chunk.hit or ()))
         return bool(schedule.preempted), prefilled
 
     def _decoded(self, batch: int) -> None:
@@ -1125,10 +1157,8 @@ class _Accumulator:
             cost_per_million_tokens=(config.costs.price_per_hour * seconds / 3600
                                      / self.output * 1e6),
             throughput=self.output / seconds,
-            p50_ttft=float(np.percentile(ttft, 50)),
-            p99_ttft=float(np.percentile(ttft, 99)),
-            p50_latency=float(np.percentile(latency, 50)),
-            p99_latency=float(np.percentile(latency, 99)),
+            **percentiles("ttft", ttft),
+            **percentiles("latency", latency),
             avg_stall=sum(stall.values()) / len(stall) if stall else 0.0,
             config=config,
             rejections=dict(run.rejections),
@@ -1136,3 +1166,9 @@ class _Accumulator:
             timeline=timeline,
             reused_tokens=run.reused,
         )
+
+
+def percentiles(name: str, values: np.ndarray) -> dict[str, float]:
+    """``p50_<name>`` and ``p99_<name>`` of ``values``."""
+    return {f"p50_{name}": float(np.percentile(values, 50)),
+            f"p99_{name}": float(np.percentile(values, 99))}
