@@ -73,13 +73,3 @@ class HybridServingCore(ServingCore):
         if hit != len(chunk.hit) * self.pool.block_size:
             raise RuntimeError(f"cache hit of {hit} tokens for {sample.seq_id}, planned "
                                f"{len(chunk.hit)} blocks; this is a bug")
-
-    def _append(self, sample: Sample, end: int) -> None:
-        """Extend a sample's tables to ``end`` tokens (with its token ids when caching)."""
-        length = self.manager.seq_len(sample.seq_id)
-        if end <= length:
-            return
-        if self.manager.caching:
-            self.manager.append_tokens(sample.seq_id, token_ids=sample.tokens[length:end])
-        else:
-            self.manager.append_tokens(sample.seq_id, end - length)

@@ -29,7 +29,6 @@ conversation whose next turn arrives after the previous one finished,
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -111,16 +110,7 @@ class LazyServingCore(BaseServingCore):
         someone was preempted, its admissions; only those are listed as chunks."""
         if self.clock not in self._claims and not self.scheduler.num_waiting:
             return Schedule((), len(self._decoding), (), (), {}, {})  # a step of decodes only
-        limit = self.config.max_num_batched_tokens
-        step = _Step(sys.maxsize if limit is None else limit, set())
-        self._claim_blocks(step)
-        admitted = [] if step.preempted else self._admit(step)
-        decodes = len(self._decoding)
-        if not (decodes or step.chunks or step.preempted) and self.unfinished:
-            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
-                               f"waits but cannot be admitted into an idle server; a bug")
-        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
-                        tuple(step.preempted), step.swapped_out, step.swapped_in)
+        return super().schedule()
 
     def advance(self, schedule: Schedule) -> list[ServingRequest]:
         """Record the step as computed: every decoding sample decodes its position (caught
@@ -164,11 +154,15 @@ class LazyServingCore(BaseServingCore):
     def sync_all(self) -> None:
         """Catch every decoding request up to now, e.g. before a snapshot."""
         for entry in self._decoding.values():
-            self._sync(entry, self.clock)
+            self._catch_up(entry, self.clock)
+            self._append(entry.sample, entry.sample.computed)
+            if self._caching:  # every full block gets its hash
+                self.manager.cache_full_blocks(entry.sample.seq_id)
+                self._short = None
 
     # --- claims and admissions -------------------------------------------------------------
 
-    def _claim_blocks(self, step: _Step) -> None:
+    def _schedule_running(self, step: _Step) -> None:
         """This step's decodes whose token starts a new block claim it, most protected
         first, preempting while the pool is empty. One block, never shared (one sample per
         request and no partial block is ever a cache hit), so there is no plan to price."""
@@ -186,9 +180,8 @@ class LazyServingCore(BaseServingCore):
                 continue  # preempted earlier in this step
             if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
-            start = self._file_next_claim(entry)
-            self._append(entry.sample, start + 1)  # hashed when freed or synced
-            step.chunks.append(Chunk(entry.request, entry.sample, start, 1, None, True))
+            start = self._file_next_claim(entry)  # its block is hashed when freed or synced
+            self._claim([Chunk(entry.request, entry.sample, start, 1, None, True)], step)
 
     def _due_claims(self) -> list[_Decoding]:
         """The decodes whose token starts a new block this step, in claim order."""
@@ -232,10 +225,8 @@ class LazyServingCore(BaseServingCore):
             scheduler.admit_next()
             if request.swapped:
                 self._swap_in(index, request, chunk, step)
-            self._add_sequence(chunk)
+            self._claim([chunk], step)
             self._short = None
-            step.prefill += chunk.count
-            step.chunks.append(chunk)
             admitted.append(index)
         return admitted
 
@@ -306,15 +297,6 @@ class LazyServingCore(BaseServingCore):
             sample.tokens.extend(range(length, length + behind))
             sample.computed += behind
             entry.since = step
-
-    def _sync(self, entry: _Decoding, step: int) -> None:
-        """Catch a decoding sample and its block table up to the start of ``step`` (with
-        prefix caching, every full block gets its hash)."""
-        self._catch_up(entry, step)
-        self._append(entry.sample, entry.sample.computed)
-        if self._caching:
-            self.manager.cache_full_blocks(entry.sample.seq_id)
-            self._short = None
 
     def _append(self, sample: Sample, end: int) -> None:
         """Extend a sample's block table to ``end`` tokens, as the shared core does. With

@@ -165,17 +165,12 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         """Requests waiting."""
-        return len(self._heap) if self.config.policy == "priority" else len(self._fifo)
+        return len(self._waiting)
 
     def arrive(self, index: int) -> None:
         """A new request joins the back of the waiting queue (priority order under
         ``"priority"``)."""
-        self._check_can_wait(index)
-        self._waiting.add(index)
-        if self.config.policy == "priority":
-            heapq.heappush(self._heap, self._keys[index])
-        else:
-            self._fifo.append(index)
+        self._wait(index, front=False)
 
     def add(self, request: Request) -> int:
         """Register one more request (an online arrival) and queue it; returns its index."""
@@ -210,12 +205,19 @@ class Scheduler:
     def requeue(self, index: int) -> None:
         """A preempted request goes back to the front of the waiting queue (under
         ``"priority"``, back into priority order)."""
+        self._wait(index, front=True)
+
+    def _wait(self, index: int, *, front: bool) -> None:
+        """Queue a request that neither waits nor runs: in priority order under
+        ``"priority"``, else at the ``front`` or the back of the queue."""
         self._check_can_wait(index)
         self._waiting.add(index)
         if self.config.policy == "priority":
             heapq.heappush(self._heap, self._keys[index])
-        else:
+        elif front:
             self._fifo.appendleft(index)
+        else:
+            self._fifo.append(index)
 
     def next_waiting(self) -> int | None:
         """The request admission considers next, or None."""
@@ -260,8 +262,7 @@ class Scheduler:
 
     def claim_key(self, index: int) -> tuple[int, ...]:
         """Where running request ``index`` stands in ``claim_order`` (smaller claims first)."""
-        if index not in self.running:
-            raise ValueError(f"request {index!r} is not running")
+        self._check_running(index)
         return self._claim_key(index)
 
     def in_claim_order(self, indices: Iterable[int]) -> list[int]:
@@ -279,8 +280,7 @@ class Scheduler:
     def admission_rank(self, index: int) -> int:
         """How many admissions there had been when running request ``index`` was admitted:
         the running set's order."""
-        if index not in self.running:
-            raise ValueError(f"request {index!r} is not running")
+        self._check_running(index)
         return self._rank[index]
 
     def victim(self) -> int:
@@ -302,8 +302,7 @@ class Scheduler:
         ``victim`` and have ``preempt(victim)`` free and requeue it, stopping after ``index``
         itself is the victim; returns the victims in order.
         """
-        if index not in self.running:
-            raise ValueError(f"request {index!r} is not running")
+        self._check_running(index)
         victims: list[int] = []
         while not fits():
             victim = self.victim()
@@ -315,15 +314,16 @@ class Scheduler:
 
     def stop(self, index: int) -> None:
         """Remove a finished or preempted request from the running set."""
-        if type(index) is int and index in self.running:  # the common case, at once
-            del self.running[index]
-            del self._rank[index]
-            return
-        check_int("request index", index, 0)
-        if index not in self.running:
-            raise ValueError(f"request {index!r} is not running")
+        if type(index) is not int or index not in self.running:  # never in the common case
+            check_int("request index", index, 0)
+            self._check_running(index)
         del self.running[index]
         del self._rank[index]
+
+    def _check_running(self, index: int) -> None:
+        """Raise unless request ``index`` is running."""
+        if index not in self.running:
+            raise ValueError(f"request {index!r} is not running")
 
     def _check_can_wait(self, index: int) -> None:
         """Raise unless ``index`` names a request of the trace that neither waits nor runs."""

@@ -29,8 +29,9 @@ swapping).
 The simulator (chapters 02-05) and the cluster (chapter 09) schedule with the same rules
 through :class:`~course_lib.lazy_serving.LazyServingCore`, which touches a decoding request
 only when it needs a block. What the two cores share lives in :class:`BaseServingCore`:
-requests in and out, what a prompt's admission costs (its cache and tier hits, its blocks),
-and preemption.
+requests in and out, a step's outline (``schedule``: each core claims for its running
+requests, then admits), what a prompt's admission costs (its cache and tier hits, its
+blocks), and preemption.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ class _Decoding:
 
 class BaseServingCore:
     """What both serving cores share: the waiting and running requests, their block tables
-    in ``pool``, requests in and out, what a prompt's admission costs, and preemption.
+    in ``pool``, requests in and out, a step's outline, what a prompt's admission costs,
+    and preemption.
 
     ``pool`` is a ``BlockPool`` (a ``PrefixCachingBlockPool`` turns prefix caching on), with
     or without K/V tensors. ``chunked_prefill`` lets a prompt span several steps. A pool
@@ -162,19 +164,15 @@ class BaseServingCore:
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool, *,
                  chunked_prefill: bool) -> None:
-        if not isinstance(config, SchedulerConfig):
-            raise ValueError(f"config must be a SchedulerConfig, got {config!r}")
-        if not isinstance(pool, BlockPool):
-            raise ValueError(f"pool must be a BlockPool, got {pool!r}")
+        self.scheduler = Scheduler(config, [])  # raises first for a config of the wrong type
+        self.manager: PagedKVManager = kv_manager(pool)  # then for a pool that is none
         if not isinstance(chunked_prefill, bool):
             raise ValueError(f"chunked_prefill must be a bool, got {chunked_prefill!r}")
         if config.preemption == "swap" and pool.owns_kv:
             raise ValueError("preemption='swap' is modelled only for pools without K/V (the "
                              "simulator's); a pool with K/V preempts by recompute")
         self.config, self.pool, self.chunked_prefill = config, pool, chunked_prefill
-        self.manager: PagedKVManager = kv_manager(pool)
         self._caching = isinstance(self.manager, PrefixCachingKVManager)
-        self.scheduler = Scheduler(config, [])
         self.swap = None if config.preemption != "swap" else SwapSpace(
             pool.num_blocks - 1 if config.swap_space_blocks is None
             else config.swap_space_blocks)
@@ -273,6 +271,28 @@ class BaseServingCore:
         for sample in request.samples:
             self._chains.pop(sample.seq_id, None)
 
+    # --- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> Schedule:
+        """Hand out this step's budget as chunks and claim their slots (see the module)."""
+        limit = self.config.max_num_batched_tokens
+        step = _Step(sys.maxsize if limit is None else limit)
+        self._schedule_running(step)  # each core's own, as is _admit
+        admitted = [] if step.preempted else self._admit(step)
+        decodes = self._decodes(step)
+        if not (decodes or step.chunks or step.preempted) and self.unfinished:
+            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
+                               f"waits but cannot be admitted into an idle server; a bug")
+        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
+                        tuple(step.preempted), step.swapped_out, step.swapped_in)
+
+    def _decodes(self, step: _Step) -> int:
+        """Decodes this step computes: the decoding samples, less those held back (a held
+        sample whose request was preempted since is no longer decoding at all)."""
+        if not step.held:
+            return len(self._decoding)
+        return len(self._decoding) - len(step.held & self._decoding.keys())
+
     # --- what an admission costs ----------------------------------------------------------
 
     def _prefill_chunk(self, request: ServingRequest, sample: Sample,
@@ -349,6 +369,19 @@ class BaseServingCore:
         """A request admitted back from swap space: what its cache hit lacks is copied in."""
         request.swapped = False
         step.swapped_in[index] = max(0, self.swap.swap_in(index) - len(chunk.hit or ()))
+
+    def _claim(self, plan: list[Chunk], step: _Step) -> None:
+        """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
+        hit before anything else can evict it) and add them to the step."""
+        for chunk in sorted(plan, key=lambda c: c.hit is None) if len(plan) > 1 else plan:
+            sample, end = chunk.sample, chunk.start + chunk.count
+            if chunk.hit is None:
+                self._append(sample, end)
+            else:
+                self._add_sequence(chunk)
+            if not chunk.decode:
+                step.prefill += chunk.count
+            step.chunks.append(chunk)
 
     def _add_sequence(self, chunk: Chunk) -> None:
         """Put a sequence new to the pool there, its cache hit first."""
@@ -443,21 +476,6 @@ class ServingCore(BaseServingCore):
 
     # --- one step ------------------------------------------------------------------------
 
-    def schedule(self) -> Schedule:
-        """Hand out this step's budget as chunks and claim their slots (see the module)."""
-        limit = self.config.max_num_batched_tokens
-        budget = sys.maxsize if limit is None else limit
-        held = self._hold_over_budget(budget)
-        step = _Step(budget, held)
-        self._schedule_running(step)
-        admitted = [] if step.preempted else self._admit(step)
-        decodes = self._decodes(step)
-        if not (decodes or step.chunks or step.preempted) and self.unfinished:
-            raise RuntimeError(f"step {self.clock}: request {self.scheduler.next_waiting()} "
-                               f"waits but cannot be admitted into an idle server; a bug")
-        return Schedule(tuple(step.chunks), decodes + step.prefill, tuple(admitted),
-                        tuple(step.preempted), step.swapped_out, step.swapped_in)
-
     def advance(self, schedule: Schedule, draw: Draw) -> dict[str, int]:
         """Record the step as computed and ``draw`` the next token of every sample now fully
         computed (forking a fresh request's samples first); the new tokens by sequence id."""
@@ -506,9 +524,11 @@ class ServingCore(BaseServingCore):
         return set(order[-excess:])
 
     def _schedule_running(self, step: _Step) -> None:
-        """Give the running requests that need memory their chunks, most protected first,
-        preempting victims while the pool lacks blocks; every decode is listed."""
+        """Hold back the decodes over the budget, then give the running requests that need
+        memory their chunks, most protected first, preempting victims while the pool lacks
+        blocks; every decode is listed."""
         scheduler, prefilling = self.scheduler, self._prefilling
+        step.held = self._hold_over_budget(step.budget)
         decodes = self._all_decodes(step.held)
         claimants = decodes.keys() | prefilling.keys() if prefilling else decodes
         for index in scheduler.in_claim_order(claimants):
@@ -524,13 +544,6 @@ class ServingCore(BaseServingCore):
                     index, lambda plan=plan: self._blocks_for(plan) <= self.pool.num_free, step):
                 continue
             self._claim(plan, step)
-
-    def _decodes(self, step: _Step) -> int:
-        """Decodes this step computes: the decoding samples, less those held back (a held
-        sample whose request was preempted since is no longer decoding at all)."""
-        if not step.held:
-            return len(self._decoding)
-        return len(self._decoding) - len(step.held & self._decoding.keys())
 
     def _all_decodes(self, held: set[str]) -> dict[int, list[str]]:
         """Every decode of this step, by request, in sample order."""
@@ -583,19 +596,6 @@ class ServingCore(BaseServingCore):
     def _decode_chunk(self, request: ServingRequest, sample: Sample) -> Chunk:
         """A decoding sample's chunk: its one token not yet computed."""
         return Chunk(request, sample, sample.computed, 1, None, True)
-
-    def _claim(self, plan: list[Chunk], step: _Step) -> None:
-        """Claim the slots of ``plan``'s tokens (a new sequence first, taking its cache
-        hit before anything else can evict it) and add them to the step."""
-        for chunk in sorted(plan, key=lambda c: c.hit is None) if len(plan) > 1 else plan:
-            sample, end = chunk.sample, chunk.start + chunk.count
-            if chunk.hit is None:
-                self._append(sample, end)
-            else:
-                self._add_sequence(chunk)
-            if not chunk.decode:
-                step.prefill += chunk.count
-            step.chunks.append(chunk)
 
     def _preempt(self, index: int, step: _Step) -> None:
         """As the shared core preempts; a part-way prefill starts over when readmitted."""
@@ -720,7 +720,7 @@ class _Step:
     claimed, the prefill tokens among them, and who was preempted or swapped."""
 
     budget: int
-    held: set[str]
+    held: set[str] = field(default_factory=set)
     chunks: list[Chunk] = field(default_factory=list)
     prefill: int = 0
     preempted: list[int] = field(default_factory=list)
