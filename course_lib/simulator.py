@@ -66,7 +66,7 @@ from course_lib.lazy_serving import LazyServingCore
 from course_lib.limits import MAX_POOL_BLOCKS
 from course_lib.paged import BlockPool, FreeOrder
 from course_lib.scheduler import Scheduler, SchedulerConfig
-from course_lib.serving import Chunk, Sample, Schedule, ServingRequest
+from course_lib.serving import BaseServingCore, Chunk, Sample, Schedule, ServingRequest
 from course_lib.slab import FITS, Fit, SlabAllocator
 from course_lib.snapshot import PoolSnapshot
 from course_lib.validate import (
@@ -204,15 +204,15 @@ class SimConfig:
         self.scheduler.check_max_len(self.max_len)
         if self.model is not None:
             self._check_model()
-        if self.allocator == "paged" and self.num_blocks < 2:
-            raise ValueError(f"a budget of {self.budget_bytes} bytes holds {self.num_blocks} "
-                             f"blocks of {self.block_size} tokens; the pool needs at least 2")
         if self.allocator == "paged":
+            if self.num_blocks < 2:
+                raise ValueError(f"a budget of {self.budget_bytes} bytes holds {self.num_blocks} "
+                                 f"blocks of {self.block_size} tokens; the pool needs at least 2")
             check_at_most("the pool's blocks (budget_bytes // (bytes_per_token x block_size))",
                           self.num_blocks, MAX_POOL_BLOCKS,
                           "lower budget_bytes or raise block_size")
             self.cache_config()  # checks the cache's own options
-        if self.allocator != "paged" and self.kv_tokens < 1:
+        elif self.kv_tokens < 1:
             raise ValueError(f"a budget of {self.budget_bytes} bytes holds no token")
 
     def _check_model(self) -> None:
@@ -403,8 +403,7 @@ class SimResult:
         config = self.config
         if config.allocator == "paged":
             raise ValueError("arena_at is for contiguous allocators; use pool_at")
-        arena = SlabAllocator(config.kv_tokens, policy=config.allocator,
-                              max_len=config.max_len, fit=config.fit)
+        arena = SlabMemory(config).arena
         finals = {r.id: r.total_len for r in self.trace}
         admitted: dict[int, Event] = {}
         for event in self._events_until(step):
@@ -685,12 +684,15 @@ def core_request(request_id: int, request: Request) -> ServingRequest:
 class _Run(ScheduleCounts):
     """The state of one simulation; ``result`` runs the step loop, and the subclasses
     schedule a step: :class:`_SlabRun` over a contiguous arena, :class:`_PagedRun` through
-    the serving core."""
+    the serving core. ``memory`` is the metrics' view of the run's memory; the requests
+    it could never hold are rejected here."""
 
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
-                 progress: bool) -> None:
+                 progress: bool, memory: SlabMemory | PagedMemory) -> None:
         super().__init__(config)
         self.trace, self.config, self.record, self.progress = trace, config, record, progress
+        self.memory = memory
+        self.rejections = rejected_requests(trace, config.max_len, memory)
         self.prompt = [r.prompt_len for r in trace]
         self.final = [r.total_len for r in trace]
         self.tally = [_Tally() for _ in trace]
@@ -828,11 +830,9 @@ class _SlabRun(_Run):
 
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
-        super().__init__(trace, config, record, progress)
-        self.memory = SlabMemory(config)
+        super().__init__(trace, config, record, progress, SlabMemory(config))
         self.scheduler = Scheduler(config.scheduler, trace)
         self.finish_at: dict[int, list[int]] = {}
-        self.rejections = rejected_requests(trace, config.max_len, self.memory)
 
     def _arrive(self, i: int) -> None:
         self.scheduler.arrive(i)
@@ -882,14 +882,16 @@ class _PagedRun(_Run):
 
     def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
                  progress: bool) -> None:
-        super().__init__(trace, config, record, progress)
-        pool = config.cache_config().make_pool()
-        self.core = LazyServingCore(config.scheduler, pool)
-        self.scheduler = self.core.scheduler
-        self.memory = PagedMemory(config, pool)
+        core, memory = self._serve(config, config.cache_config().make_pool())
+        super().__init__(trace, config, record, progress, memory)
+        self.core, self.scheduler = core, core.scheduler
         self.index: list[int] = []  # the core's request id -> trace index
         self._pending: Schedule | None = None  # the step scheduled, not yet advanced
-        self.rejections = rejected_requests(trace, config.max_len, self.memory)
+
+    @staticmethod
+    def _serve(config: SimConfig, pool: BlockPool) -> tuple[BaseServingCore, PagedMemory]:
+        """The core that schedules the run over ``pool``, and the metrics' view of it."""
+        return LazyServingCore(config.scheduler, pool), PagedMemory(config, pool)
 
     def _arrive(self, i: int) -> None:
         self.core.add(core_request(len(self.index), self.trace[i]))
@@ -906,10 +908,10 @@ class _PagedRun(_Run):
             self._preempted(self.index[request_id], t, schedule.swapped_out.get(request_id))
         prefilled, size = 0, self.config.block_size
         for chunk in schedule.chunks:
-            i = self.index[chunk.request.request_id]
-            if chunk.decode:  # a claim of one block (nothing is shared, so no copy)
-                self._grew(i, t, chunk.start, chunk.sample.seq_id)
+            if chunk.decode:
+                self._grew(t, chunk)
                 continue
+            i = self.index[chunk.request.request_id]
             length = chunk.start + chunk.count - 1  # the guide's: before the step's token
             prefilled += self._count_admission(chunk, schedule, self.tally[i].preempted_at >= 0)
             table = (() if self.events is None
@@ -918,9 +920,10 @@ class _PagedRun(_Run):
                            len(chunk.hit or ()))
         return bool(schedule.preempted), prefilled
 
-    def _grew(self, i: int, t: int, length: int, seq_id: str) -> None:
-        """Request ``i`` (sequence ``seq_id``) took a block for its token at ``length`` in
-        step ``t``."""
+    def _grew(self, t: int, chunk: Chunk) -> None:
+        """A decode ``chunk`` of step ``t``: its request took a block for its token at
+        ``chunk.start`` (one block, not shared, so no copy)."""
+        i = self.index[chunk.request.request_id]
         tally = self.tally[i]
         tally.slots += self.config.block_size
         if tally.slots > self.final[i]:
@@ -928,7 +931,8 @@ class _PagedRun(_Run):
             tally.internal += grown
             self.sum_internal += grown
         if self.events is not None:
-            self._log(t, "grow", i, length, self.core.manager.block_table(seq_id)[-1:])
+            self._log(t, "grow", i, chunk.start,
+                      self.core.manager.block_table(chunk.sample.seq_id)[-1:])
 
     def _preempted(self, i: int, t: int, swapped_blocks: int | None) -> None:
         """Request ``i`` was pushed out at step ``t`` (to swap space, if it took blocks)."""
@@ -958,7 +962,7 @@ class _PagedRun(_Run):
             self.core.pool.take_events()
 
 
-class _HybridRun(_Run):
+class _HybridRun(_PagedRun):
     """A hybrid model (``SimConfig.model``) on a paged pool, scheduled by the hybrid serving
     core (``course_lib.hybrid_serving``) over a pool without K/V, as :class:`_PagedRun` is
     by the plain one, with the same requests (``P + 1`` prompt tokens, ``max_tokens=O``).
@@ -968,42 +972,21 @@ class _HybridRun(_Run):
     for every running request (a lazy core touches a decode only when it needs a block).
     Slots are counted in every group: each step, the blocks the pool has handed out, less
     the slots not yet written in each running request's last block of each group (no two
-    running requests share a block: one sample each, a cache salt of its own).
+    running requests share a block: one sample each, a cache salt of its own). The paged
+    run's step is this run's, but for the slots: a tally counts one table's, and
+    :meth:`_decoded` replaces its sums with every group's.
     """
 
-    # the paged run's: a trace request queued in the core, the waiting head, a preemption
-    _arrive = _PagedRun._arrive
-    waiting_head = _PagedRun.waiting_head
-    _preempted = _PagedRun._preempted
-
-    def __init__(self, trace: list[Request], config: SimConfig, record: Recording,
-                 progress: bool) -> None:
-        super().__init__(trace, config, record, progress)
+    @staticmethod
+    def _serve(config: SimConfig, pool: BlockPool) -> tuple[BaseServingCore, PagedMemory]:
+        """The hybrid core, eager, over ``pool``, and the metrics' view of its groups."""
         assert config.model is not None
-        pool = config.cache_config().make_pool()
         windows = [group.window for group in config.model.kv_cache_groups()]
-        self.core = HybridServingCore(config.scheduler, pool, windows, chunked_prefill=False)
-        self.scheduler = self.core.scheduler
-        self.memory = HybridMemory(config, pool, len(windows))
-        self.index: list[int] = []  # the core's request id -> trace index
-        self._pending: Schedule | None = None  # the step scheduled, not yet advanced
-        self.rejections = rejected_requests(trace, config.max_len, self.memory)
+        core = HybridServingCore(config.scheduler, pool, windows, chunked_prefill=False)
+        return core, HybridMemory(config, pool, len(windows))
 
-    def _schedule(self, t: int) -> tuple[bool, int]:
-        """The core's step ``t``, logged: preemptions, then admissions (the decodes, all
-        listed in eager mode, are counted by :meth:`_decoded`)."""
-        schedule = self._pending = self.core.schedule()
-        for request_id in schedule.preempted:
-            self._preempted(self.index[request_id], t, None)
-        prefilled = 0
-        for chunk in schedule.chunks:
-            if chunk.decode:
-                continue
-            i = self.index[chunk.request.request_id]
-            prefilled += self._count_admission(chunk, schedule, self.tally[i].preempted_at >= 0)
-            # slots 0: a tally counts one table's slots; _decoded counts every group's
-            self._admitted(i, t, chunk.start + chunk.count - 1, (), 0, len(chunk.hit or ()))
-        return bool(schedule.preempted), prefilled
+    def _grew(self, t: int, chunk: Chunk) -> None:
+        """A decode, which eager mode lists every step: :meth:`_decoded` counts its slots."""
 
     def _decoded(self, batch: int) -> None:
         """The step's slots in all groups: held (the pool's blocks in use) less those not
