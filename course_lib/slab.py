@@ -104,7 +104,6 @@ class SlabAllocator:
         self._gap_starts: list[int] = [0]
         self._gap_sizes: list[int] = [num_slots]
         self._slabs: dict[int, Slab] = {}
-        self._reserved_slots = 0
 
     # --- sizes -----------------------------------------------------------------------------
 
@@ -118,7 +117,7 @@ class SlabAllocator:
     @property
     def num_free(self) -> int:
         """Free slots in all gaps together."""
-        return self.num_slots - self._reserved_slots
+        return sum(self._gap_sizes)
 
     @property
     def largest_gap(self) -> int:
@@ -147,8 +146,9 @@ class SlabAllocator:
         """Slots holding tokens, reserved for later tokens, never to be written, and free."""
         used = sum(s.length for s in self._slabs.values())
         final = sum(s.final_len for s in self._slabs.values())
+        free = self.num_free
         return SlabUsage(used=used, reserved=final - used,
-                         internal=self._reserved_slots - final, free=self.num_free)
+                         internal=self.num_slots - free - final, free=free)
 
     # --- admit, append, free ---------------------------------------------------------------
 
@@ -173,7 +173,6 @@ class SlabAllocator:
             self._gap_sizes[index] -= size
         slab = Slab(start=start, size=size, final_len=final_len, length=length)
         self._slabs[request_id] = slab
-        self._reserved_slots += size
         return slab
 
     def append(self, request_id: int, num_tokens: int = 1) -> Slab:
@@ -191,7 +190,6 @@ class SlabAllocator:
         """Release the request's slab, merging it with free neighbours."""
         slab = self._get(request_id)
         del self._slabs[request_id]
-        self._reserved_slots -= slab.size
         index = bisect_left(self._gap_starts, slab.start)
         start, size = slab.start, slab.size
         if index < len(self._gap_starts) and self._gap_starts[index] == slab.end:
@@ -214,11 +212,7 @@ class SlabAllocator:
 
     def _find_gap(self, size: int) -> int | None:
         """Index of the gap this allocator's fit picks for ``size`` slots, or None."""
-        sizes = self._gap_sizes
+        fitting = (i for i, gap in enumerate(self._gap_sizes) if gap >= size)
         if self.fit == "first":
-            return next((i for i, gap in enumerate(sizes) if gap >= size), None)
-        best = None
-        for i, gap in enumerate(sizes):
-            if gap >= size and (best is None or gap < sizes[best]):
-                best = i
-        return best
+            return next(fitting, None)
+        return min(fitting, key=self._gap_sizes.__getitem__, default=None)  # lowest on ties

@@ -28,7 +28,7 @@ retry it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -37,14 +37,13 @@ from course_lib.attention import kernel_support_problem
 from course_lib.attention.backend import require_kernels
 from course_lib.cache_config import CacheConfig, kv_format
 from course_lib.engine.kv_quant import kv_quantization
-from course_lib.engine.model import LlamaModel
-from course_lib.engine.paged_forward import DECODE_ATTENTIONS, DecodeAttention, PagedBatch
+from course_lib.engine.model import Attention, LlamaModel
+from course_lib.engine.paged_forward import DecodeAttention, PagedBatch, check_decode_attention
 from course_lib.engine.requests import (
     FinishReason,
     GenerationRequest,
     PreparedRequest,
     RequestOutput,
-    prepare_request,
     prepare_requests,
 )
 from course_lib.engine.sampling import SamplingParams
@@ -170,9 +169,7 @@ class PagedEngine:
         self.core = ServingCore(scheduler, pool, chunked_prefill=chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
         self.step_index = 0
-        self._totals = dict.fromkeys(("steps", "generated_tokens", "prefill_tokens",
-                                      "cached_tokens", "recomputed_tokens", "preemptions",
-                                      "peak_batch"), 0)
+        self._totals = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
 
     @staticmethod
     def blocks_in_budget(model: LlamaModel, budget_bytes: int, *, block_size: int = 16,
@@ -211,11 +208,7 @@ class PagedEngine:
         more blocks than the pool has, or (without chunked prefill) more tokens than
         ``max_num_batched_tokens`` allows in one step.
         """
-        request = prepare_request(len(self.core.requests), prompt, params, self.model.config,
-                                  self.tokenizer)
-        self.core.check_fits(request)
-        self.core.add(request)
-        return request.request_id
+        return self.submit([prompt], params)[0]
 
     def submit(self, requests: Sequence[Prompt], params: SamplingParams | None = None
                ) -> list[int]:
@@ -294,19 +287,24 @@ class PagedEngine:
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """One pass over every chunk; the logits of each chunk's last token."""
-        manager = self.manager
-        seq_ids = [c.sample.seq_id for c in chunks]
-        block_table = manager.table_tensor(seq_ids, device=self.model.device)
         spans = [range(c.start, c.start + c.count) for c in chunks]
-        slots = [slot for c, span in zip(chunks, spans, strict=True)
-                 for slot in manager.slot_mapping(c.sample.seq_id, span)]
-        attention = PagedBatch(self.pool, slots, block_table, [c.start for c in chunks],
-                               [c.count for c in chunks], self.decode_attention,
-                               kv_quant=self.kv_quant)
+        attention = self._attention(chunks, spans)
         ids = [c.sample.tokens[p] for c, span in zip(chunks, spans, strict=True) for p in span]
         positions = [p for span in spans for p in span]
         return self.model.next_token_logits(ids, positions, attention,
                                             last_of=[c.count for c in chunks])
+
+    def _attention(self, chunks: list[Chunk], spans: list[range]) -> Attention:
+        """The step's attention: one ``PagedBatch`` through the block tables, its K/V
+        written at the slots of each chunk's ``span`` of positions."""
+        manager = self.manager
+        block_table = manager.table_tensor([c.sample.seq_id for c in chunks],
+                                           device=self.model.device)
+        slots = [slot for c, span in zip(chunks, spans, strict=True)
+                 for slot in manager.slot_mapping(c.sample.seq_id, span)]
+        return PagedBatch(self.pool, slots, block_table, [c.start for c in chunks],
+                          [c.count for c in chunks], self.decode_attention,
+                          kv_quant=self.kv_quant)
 
     def _report(self, schedule: Schedule, touched: list[tuple[PreparedRequest, bool]],
                 new_tokens: dict[str, int]) -> StepReport:
@@ -342,14 +340,11 @@ class PagedEngine:
 
 def _check_decode_attention(model: LlamaModel, decode_attention: DecodeAttention) -> None:
     """Raise, naming what would work, unless ``decode_attention`` can serve ``model`` here."""
-    if decode_attention not in DECODE_ATTENTIONS:
-        raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
-                         f"{', '.join(DECODE_ATTENTIONS)}")
+    check_decode_attention(decode_attention)
     if decode_attention != "triton":
         return
     require_kernels()
-    config = model.config
-    problem = kernel_support_problem(config.head_dim, model.dtype, model.device)
+    problem = kernel_support_problem(model.config.head_dim, model.dtype, model.device)
     if problem is not None:
         raise ValueError(f"decode_attention='triton' cannot serve this model: {problem}. "
                          f"decode_attention='torch' (the gather-based reference) can")

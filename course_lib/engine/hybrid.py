@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from course_lib.engine.engine import PagedEngine
 from course_lib.engine.model import LlamaModel
-from course_lib.engine.paged_forward import PagedBatch
+from course_lib.engine.paged_forward import PagedBatch, causal_attention
 from course_lib.hybrid_serving import HybridServingCore
 from course_lib.paged import NULL_BLOCK
 from course_lib.serving import Chunk
@@ -54,16 +53,7 @@ class WindowedAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
-        length, group = q.shape[0], q.shape[1] // k.shape[1]
-        rows = torch.arange(length, device=q.device)[:, None]
-        columns = torch.arange(length, device=q.device)[None, :]
-        mask = columns <= rows
-        if self.windows[layer] is not None:
-            mask &= columns > rows - self.windows[layer]
-        keys = k.repeat_interleave(group, dim=1).transpose(0, 1)
-        values = v.repeat_interleave(group, dim=1).transpose(0, 1)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
-        return out.transpose(0, 1)
+        return causal_attention(q, k, v, self.windows[layer])
 
 
 def generate_windowed(model: LlamaModel, windows: Sequence[int | None],
@@ -117,16 +107,11 @@ class HybridEngine(PagedEngine):
                                       chunked_prefill=self.core.chunked_prefill)
         self.pool, self.manager = self.core.pool, self.core.manager
 
-    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """One pass over every chunk, each layer through its group's tables."""
-        spans = [range(c.start, c.start + c.count) for c in chunks]
+    def _attention(self, chunks: list[Chunk], spans: list[range]) -> _GroupedBatch:
+        """The step's attention: each layer through its group's tables."""
         batches = [self._group_batch(group, window, chunks, spans)
                    for group, window in enumerate(self.group_windows)]
-        ids = [c.sample.tokens[p] for c, span in zip(chunks, spans, strict=True) for p in span]
-        positions = [p for span in spans for p in span]
-        return self.model.next_token_logits(ids, positions,
-                                            _GroupedBatch(batches, self.layer_group),
-                                            last_of=[c.count for c in chunks])
+        return _GroupedBatch(batches, self.layer_group)
 
     def _group_batch(self, group: int, window: int | None, chunks: list[Chunk],
                      spans: list[range]) -> PagedBatch:

@@ -31,6 +31,7 @@ decode kernel inside it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Literal
 
 import torch
@@ -47,6 +48,13 @@ from course_lib.paged import BlockPool
 
 DecodeAttention = Literal["triton", "torch"]
 DECODE_ATTENTIONS: tuple[DecodeAttention, ...] = ("triton", "torch")
+
+
+def check_decode_attention(decode_attention: object) -> None:
+    """Raise ValueError unless ``decode_attention`` is one of ``DECODE_ATTENTIONS``."""
+    if decode_attention not in DECODE_ATTENTIONS:
+        raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
+                         f"{', '.join(DECODE_ATTENTIONS)}")
 
 
 class _SlotWriter:
@@ -86,9 +94,7 @@ class PagedBatch:
                  starts: Sequence[int], counts: Sequence[int],
                  decode_attention: DecodeAttention = "triton", *,
                  window: int | None = None, kv_quant: KVQuantization | None = None) -> None:
-        if decode_attention not in DECODE_ATTENTIONS:
-            raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
-                             f"{', '.join(DECODE_ATTENTIONS)}")
+        check_decode_attention(decode_attention)
         if not len(starts) == len(counts) == block_table.shape[0]:
             raise ValueError(f"{len(starts)} starts and {len(counts)} counts for "
                              f"{block_table.shape[0]} block-table rows")
@@ -102,17 +108,14 @@ class PagedBatch:
         self.write = _SlotWriter(pool, slots, kv_quant)
         self.block_table = block_table
         self.starts, self.counts = list(starts), list(counts)
-        offsets = [0]
-        for count in counts:
-            offsets.append(offsets[-1] + count)
-        self.offsets = offsets
+        self.offsets = list(accumulate(counts, initial=0))
         device = block_table.device
         self.decodes = [i for i, count in enumerate(counts) if count == 1]
         self.only_decodes = len(self.decodes) == len(self.counts)
         lengths = [self.starts[i] + 1 for i in self.decodes]
         self.decode_tables = block_table if self.only_decodes else block_table[self.decodes]
         self.decode_rows = None if self.only_decodes else torch.tensor(
-            [offsets[i] for i in self.decodes], dtype=torch.long, device=device)
+            [self.offsets[i] for i in self.decodes], dtype=torch.long, device=device)
         self.gather = self.decode_lens = None
         if self.decodes and decode_attention == "torch" and window is None:
             self.gather = _DecodeGather(self.decode_tables, lengths, pool.block_size, kv_quant)
@@ -142,23 +145,31 @@ class PagedBatch:
 
     def _chunk(self, layer: int, q: torch.Tensor, index: int) -> torch.Tensor:
         """Causal attention of one chunk's queries over its sequence's context in the pool."""
-        start, count = self.starts[index], self.counts[index]
-        length = start + count
+        length = self.starts[index] + self.counts[index]
         keys, values = gather_paged_kv(
             self.pool.key_cache(layer), self.pool.value_cache(layer),
             self.block_table[index : index + 1],
             torch.tensor([length], dtype=torch.int32, device=q.device))
-        group = q.shape[1] // keys.shape[2]
         keys, values = (_readable(self.kv_quant, layer, which, x[0, :length], q.dtype)
-                        .repeat_interleave(group, dim=1).transpose(0, 1)
                         for which, x in enumerate((keys, values)))
-        rows = torch.arange(start, length, device=q.device)[:, None]
-        columns = torch.arange(length, device=q.device)[None, :]
-        mask = columns <= rows
-        if self.window is not None:
-            mask &= columns > rows - self.window
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
-        return out.transpose(0, 1)
+        return causal_attention(q, keys, values, self.window)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     window: int | None = None) -> torch.Tensor:
+    """Causal attention of queries ``[Tq, heads, head_dim]``, the last ``Tq`` positions of
+    the context, over its K/V ``[T, kv_heads, head_dim]`` (only the last ``window``
+    positions of each query's, itself included, with a window)."""
+    length, group = k.shape[0], q.shape[1] // k.shape[1]
+    rows = torch.arange(length - q.shape[0], length, device=q.device)[:, None]
+    columns = torch.arange(length, device=q.device)[None, :]
+    mask = columns <= rows
+    if window is not None:
+        mask &= columns > rows - window
+    keys = k.repeat_interleave(group, dim=1).transpose(0, 1)
+    values = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
+    return out.transpose(0, 1)
 
 
 class _DecodeGather:
@@ -202,9 +213,7 @@ class PagedDecode:
 
     def __init__(self, pool: BlockPool, slots: Sequence[int], block_table: torch.Tensor,
                  seq_lens: torch.Tensor, decode_attention: DecodeAttention = "triton") -> None:
-        if decode_attention not in DECODE_ATTENTIONS:
-            raise ValueError(f"unknown decode_attention {decode_attention!r}; expected one of "
-                             f"{', '.join(DECODE_ATTENTIONS)}")
+        check_decode_attention(decode_attention)
         if not len(slots) == block_table.shape[0] == seq_lens.shape[0]:
             raise ValueError(f"{len(slots)} slots for {block_table.shape[0]} block-table rows "
                              f"and {seq_lens.shape[0]} lengths")
