@@ -110,11 +110,7 @@ class PrefixIndex:
         """For each replica, the tokens of the leading blocks of ``chain`` it holds."""
         hits = []
         for held in self._held:
-            count = 0
-            for block_hash in chain:
-                if block_hash not in held:
-                    break
-                count += 1
+            count = next((i for i, h in enumerate(chain) if h not in held), len(chain))
             hits.append(count * self.block_size)
         return hits
 
