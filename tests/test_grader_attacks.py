@@ -349,6 +349,20 @@ def _survivors(marker: str) -> list[str]:
             if marker in " ".join(p.info["cmdline"] or [])]
 
 
+def test_a_notebook_over_the_output_cap_ends_there_not_at_the_timeout(tmp_path: Path) -> None:
+    subs, out = tmp_path / "subs", tmp_path / "grades.csv"
+    (subs / "printer").mkdir(parents=True)
+    (subs / "printer" / CH01).write_text(notebook(
+        "print('x' * (40 << 20))", WRONG, 'check("01.bytes_per_token", bytes_per_token)'))
+    start = time.monotonic()
+    code = main(["grade", str(subs), "--out", str(out), "--timeout", "120", "--chapters", "01"])
+    elapsed = time.monotonic() - start  # it waited out the 120 s before the kernel's kill
+    row = _exercise(_rows(out)["printer"], "01.bytes_per_token")
+    assert code == 0 and (row["status"], row["reason"]) == ("output limit",
+                                                           "printed more than 16 MB")
+    assert elapsed < 60, f"grading took {elapsed:.0f} s"
+
+
 def test_limits_end_every_process_within_the_timeout(tmp_path: Path) -> None:
     subs, out = tmp_path / "subs", tmp_path / "grades.csv"
     attacks = {

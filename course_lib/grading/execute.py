@@ -474,9 +474,11 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
     loop = asyncio.get_running_loop()
 
     kills: list[asyncio.Task[None]] = []
+    capped = asyncio.Event()  # an output cap was hit: the kernel is killed, the run is over
 
     def over() -> None:
         kills.append(loop.create_task(_kill(km)))
+        capped.set()
 
     client = _LimitedClient(runnable, harvest_at, limits, over, km=km, timeout=limits.timeout,
                             allow_errors=True, kernel_name=KERNEL, record_timing=False,
@@ -497,12 +499,16 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
         return
     task = asyncio.ensure_future(client.async_execute())
     watch = asyncio.ensure_future(_watch_sockets(km, client))
+    stop = asyncio.ensure_future(capped.wait())
     try:
-        await asyncio.wait({task}, timeout=limits.timeout)
-        if not task.done():  # the clock decides, whatever nbclient makes of the kill
+        # nbclient would wait out the cell's timeout for a reply the killed kernel never sends
+        await asyncio.wait({task, stop}, timeout=limits.timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():  # the clock or a cap decides, whatever nbclient makes of the kill
             watch.cancel()
             await _kill(km)
-            result.status, result.problem = _why(TimeoutError(), limits)
+            if not capped.is_set():
+                result.status, result.problem = _why(TimeoutError(), limits)
             task.cancel()
         try:
             await asyncio.wait_for(task, 30)
@@ -519,6 +525,7 @@ async def _run(km: AsyncKernelManager, runnable: Any, harvest_at: Mapping[int, s
                 result.problem = f"the kernel broke Jupyter's protocol ({type(error).__name__})"
     finally:
         watch.cancel()
+        stop.cancel()
         client.kc.stop_channels()
     if client.over:
         result.status = "output limit"
