@@ -79,6 +79,17 @@ def test_arrays_and_tensors_become_nested_lists() -> None:
     assert to_plain(np.float32(0.5)) == 0.5
     nan = to_plain(torch.tensor([1.0, float("nan")]))
     assert nan[0] == 1.0 and nan[1] != nan[1]
+    assert to_plain(torch.zeros(1 << 22)) == [0.0] * (1 << 22)
+
+
+def test_an_array_larger_than_any_answer_is_refused_before_it_is_copied() -> None:
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    cache = torch.empty((1 << 22) + 1, dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotPlainData, match="4,194,305 numbers is larger than any answer"):
+        to_plain({"cache": cache})
+    with pytest.raises(NotPlainData, match="4,194,305 numbers"):
+        to_plain(np.zeros((1 << 22) + 1))
 
 
 def _cases(name: str) -> list:

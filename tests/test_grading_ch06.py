@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from course_lib.attention import paged_attention_decode
 from course_lib.grading import chapter_exercises, find_exercise
-from course_lib.grading.ch06 import split_bounds
+from course_lib.grading.ch06 import _shape_of, split_bounds
 from course_lib.grading.check import (
     Case,
     CaseResult,
@@ -211,3 +211,13 @@ def test_a_stub_kernel_is_not_yet_solved() -> None:
     for name in ("06.paged_decode", "06.split_decode"):
         result = run(name, stub_launcher)
         assert (result.status, result.passed) == ("not-solved", 0)
+
+
+def test_a_returned_object_is_shown_by_its_type_never_its_own_repr() -> None:
+    class Costly:  # a tensor view of a 4 GiB FP8 cache took 30 s to print
+        def __repr__(self) -> str:
+            raise AssertionError("the report printed a returned object")
+
+    assert _shape_of(Costly()) == "<Costly object>"
+    assert _shape_of([Costly(), torch.zeros(2, 3), None, 1.5, True, "ab"]) == (
+        "[<Costly object>, float32 tensor (2, 3), None, 1.5, True, 'ab']")

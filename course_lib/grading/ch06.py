@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,11 +89,27 @@ class Returned:
         return f"{shown or self.refused}; {kernels}"
 
 
+class _ShortRepr(reprlib.Repr):
+    """reprlib's bounded repr of containers and text, naming any other object by its type
+    (tensors by dtype and shape): an object's own repr may cost anything, and a tensor's
+    converts an FP8 one whole (a view of a 4 GiB cache took 30 s)."""
+
+    def repr_instance(self, obj: Any, level: int) -> str:
+        if isinstance(obj, bool | float | complex | None):
+            return repr(obj)
+        if isinstance(obj, torch.Tensor):
+            return f"{str(obj.dtype).removeprefix('torch.')} tensor {tuple(obj.shape)}"
+        return f"<{type(obj).__name__} object>"
+
+
+_SHORT = _ShortRepr()  # reprlib's limits (Python 3.11 takes no keyword arguments)
+
+
 def _shape_of(value: Any) -> str:
     """``float32 tensor (2, 16)`` or a short repr of anything else."""
     if isinstance(value, Part):
         return f"{value.dtype} tensor {tuple(value.values.shape)}"
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

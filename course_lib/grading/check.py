@@ -278,17 +278,31 @@ class NotPlainData(TypeError):
     """A learner's value that is not plain data, so it cannot be compared safely."""
 
 
+MAX_PLAIN_NUMBERS = 1 << 22
+"""The most numbers one array may bring to the judge: an answer holds thousands, while a
+view of a whole 4 GiB cache, made into lists, would take the kernel minutes."""
+
+
 def _plain_array(value: Any) -> Any | None:
     """numpy arrays and scalars, torch tensors: nested lists of Python numbers, else None."""
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
+        _check_numbers(torch.Tensor.numel(value))
         return torch.Tensor.tolist(torch.Tensor.detach(value).cpu())
     if numpy is not None and isinstance(value, numpy.ndarray | numpy.generic):
         array = numpy.asarray(value)
         if array.dtype.kind not in "biuf":
             raise NotPlainData(f"an array of dtype {array.dtype} is not plain data")
+        _check_numbers(array.size)
         return numpy.ndarray.tolist(array)
     return None
+
+
+def _check_numbers(count: int) -> None:
+    """Refuse an array of more than :data:`MAX_PLAIN_NUMBERS` numbers."""
+    if count > MAX_PLAIN_NUMBERS:
+        raise NotPlainData(f"an array of {count:,} numbers is larger than any answer "
+                           f"({MAX_PLAIN_NUMBERS:,} at most)")
 
 
 def _plain_key(key: Any) -> str:
