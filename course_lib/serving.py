@@ -277,7 +277,7 @@ class BaseServingCore:
         """Hand out this step's budget as chunks and claim their slots (see the module)."""
         limit = self.config.max_num_batched_tokens
         step = _Step(sys.maxsize if limit is None else limit)
-        self._schedule_running(step)  # each core's own, as is _admit
+        self._schedule_running(step)
         admitted = [] if step.preempted else self._admit(step)
         decodes = self._decodes(step)
         if not (decodes or step.chunks or step.preempted) and self.unfinished:
@@ -292,6 +292,16 @@ class BaseServingCore:
         if not step.held:
             return len(self._decoding)
         return len(self._decoding) - len(step.held & self._decoding.keys())
+
+    def _schedule_running(self, step: _Step) -> None:
+        """Each core's own: the step's chunks for running requests that need memory, most
+        protected first, preempting while the pool lacks blocks."""
+        raise NotImplementedError
+
+    def _admit(self, step: _Step) -> list[int]:
+        """Each core's own: admit waiting requests while the limits, the budget and the free
+        blocks allow; the indices admitted."""
+        raise NotImplementedError
 
     # --- what an admission costs ----------------------------------------------------------
 
