@@ -180,8 +180,9 @@ class LazyServingCore(BaseServingCore):
                 continue  # preempted earlier in this step
             if not pool.num_free and not self._make_room(index, has_free, step):
                 continue
-            start = self._file_next_claim(entry)  # its block is hashed when freed or synced
-            self._claim([Chunk(entry.request, entry.sample, start, 1, None, True)], step)
+            start = self._file_next_claim(entry)  # the hot path: not through _claim
+            self._append(entry.sample, start + 1)  # hashed when freed or synced
+            step.chunks.append(Chunk(entry.request, entry.sample, start, 1, None, True))
 
     def _due_claims(self) -> list[_Decoding]:
         """The decodes whose token starts a new block this step, in claim order."""
