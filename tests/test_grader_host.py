@@ -206,10 +206,11 @@ def _class_of_attackers(subs: Path) -> None:
 
 
 def _grade_in_a_process(python: str, subs: Path, out: Path, env: dict[str, str],
-                        user: list[str]) -> tuple[int, int, str]:
+                        user: list[str], prelude: str = "") -> tuple[int, int, str]:
     """(exit status, the grader's own peak memory in MB, stderr) of ``grade`` run by
-    ``python`` in a process of its own (``user``: a setpriv prefix, or none)."""
-    script = ("import os, sys\nfrom course_lib.__main__ import main\n"
+    ``python`` in a process of its own (``user``: a setpriv prefix, or none), which first
+    runs ``prelude``."""
+    script = (prelude + "import os, sys\nfrom course_lib.__main__ import main\n"
               "print('grader-pid', os.getpid())\n"
               "code = main(sys.argv[1:])\n"  # VmHWM: this image's own peak (ru_maxrss would
               "print('peak-kb', [line.split()[1] for line in open('/proc/self/status')\n"
@@ -341,9 +342,13 @@ def test_the_same_attacks_fail_graded_as_an_ordinary_user(tmp_path: Path) -> Non
             os.chown(path, 65534, 65534)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8",
                "PYTHONPATH": str(folder / "src"), "TMPDIR": str(work)}
+        # The instructor's key in their user keyring: a kernel runs as the instructor's own
+        # uid here, so /proc/keys would list it unless the sandbox masks it.
+        plant = ("import ctypes\n"
+                 f"assert ctypes.CDLL(None).syscall(248, b'user', {KEY!r}, b'x', 1, -4) > 0\n")
         code, peak, err = _grade_in_a_process(
             str(python), work / "subs", work / "grades.csv", env,
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], plant)
         assert code == 0, err[-3000:]
         _assert_attacks_failed(work / "grades.csv", peak)
         assert "no cgroup could be made here" in (work / "grades.txt").read_text()

@@ -146,13 +146,20 @@ def _tmpfs(path: str, size_mb: int) -> list[str]:
 
 
 def _system_binds() -> list[str]:
-    """The host's system folders, read-only; a fresh /proc (its sys read-only) and /dev;
-    /tmp and /dev/shm as small memory-backed folders of the sandbox's own."""
+    """The host's system folders, read-only; a fresh /proc (its sys read-only, its keys
+    masked) and /dev; /tmp and /dev/shm as small memory-backed folders of the sandbox's own.
+
+    ``/proc/keys`` lists every key its reader's uid may view, so a kernel graded as the
+    instructor's own user (not root) would see the names of the instructor's keys: it is
+    masked with ``/dev/null``, as Docker masks it, and so is ``/proc/key-users``."""
     binds = []
     for path in SYSTEM_PATHS:
         binds += ["--ro-bind-try", path, path]
-    return [*binds, "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
-            *_tmpfs("/tmp", SCRATCH_MB), *_tmpfs("/dev/shm", SCRATCH_MB)]
+    masks = []
+    for path in ("/proc/keys", "/proc/key-users"):
+        masks += ["--ro-bind-try", "/dev/null", path]
+    return [*binds, "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", *masks,
+            "--dev", "/dev", *_tmpfs("/tmp", SCRATCH_MB), *_tmpfs("/dev/shm", SCRATCH_MB)]
 
 
 # The calls Moby's default seccomp profile (moby/profiles/seccomp/default.json) denies to a
